@@ -1,0 +1,35 @@
+"""pyg_sar: distributed full-batch GNN training (SAR) for PyTorch Geometric."""
+import importlib
+from typing import Any
+
+from pyg_sar import datasets
+from pyg_sar.partition import Partition, load_partition, partition_graph
+
+__version__ = '0.1.0'
+
+# The distributed runtime is imported lazily: it pulls in torch.distributed and
+# is not needed to partition a graph or to inspect a partition on disk.
+_LAZY_ATTRIBUTES = {
+    'init_distributed': 'pyg_sar.comm',
+    'sync_params': 'pyg_sar.comm',
+    'all_reduce_grads': 'pyg_sar.comm',
+    'comm_stats': 'pyg_sar.comm',
+    'DistGraph': 'pyg_sar.graph',
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY_ATTRIBUTES.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'pyg_sar' has no attribute '{name}'")
+    return getattr(importlib.import_module(module_name), name)
+
+
+__all__ = [
+    'partition_graph',
+    'load_partition',
+    'Partition',
+    'datasets',
+    *_LAZY_ATTRIBUTES,
+    '__version__',
+]

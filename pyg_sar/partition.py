@@ -1,0 +1,842 @@
+"""Graph partitioning into PyG's on-disk distributed format, and loading.
+
+:func:`partition_graph` splits a :class:`~torch_geometric.data.Data` into
+:obj:`num_parts` parts (METIS or random), relabels nodes and edges so that
+every part owns one contiguous range of new ids, and writes the layout of
+:class:`torch_geometric.distributed.Partitioner` (readable by
+:class:`~torch_geometric.distributed.LocalGraphStore` and
+:class:`~torch_geometric.distributed.LocalFeatureStore`) plus a
+``pyg_sar.json`` manifest and the node permutation ``perm.pt``.
+
+:func:`load_partition` reads one part back as a :class:`Partition`.
+"""
+import hashlib
+import json
+import math
+import os
+import os.path as osp
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from torch_geometric.data import Data
+
+MANIFEST_FILE = 'pyg_sar.json'
+META_FILE = 'META.json'
+PERM_FILE = 'perm.pt'
+NODE_MAP_FILE = 'node_map.pt'
+EDGE_MAP_FILE = 'edge_map.pt'
+FORMAT_VERSION = 1
+METHODS = ('metis', 'random')
+
+# Allowed deviation of a part's training-node count from the mean before the
+# training-node balancing pass moves nodes.
+TRAIN_BALANCE_TOLERANCE = 0.05
+
+
+def _version() -> str:
+    from pyg_sar import __version__
+    return __version__
+
+
+def _part_dir(root: str, part: int) -> str:
+    return osp.join(root, f'part_{part}')
+
+
+# Input validation ############################################################
+
+
+def _split_attributes(
+    data: Data,
+) -> Tuple[int, Tensor, Dict[str, Tensor], Dict[str, Tensor], Dict[str, Any]]:
+    r"""Validates :obj:`data` and sorts its attributes into node-level,
+    edge-level and graph-level ones."""
+    if not isinstance(data, Data):
+        raise TypeError(f"Expected a 'torch_geometric.data.Data' object "
+                        f"(got '{type(data).__name__}')")
+
+    edge_index = data.get('edge_index')
+    if edge_index is None:
+        raise ValueError("'data.edge_index' is missing; expected a tensor of "
+                         "shape [2, num_edges]")
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"'data.edge_index' must be a tensor of shape "
+                        f"[2, num_edges] (got '{type(edge_index).__name__}')")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"'data.edge_index' must have shape [2, num_edges] "
+                         f"(got {list(edge_index.shape)})")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"'data.edge_index' must have dtype torch.int64 "
+                         f"(got {edge_index.dtype})")
+    edge_index = edge_index.long()
+
+    num_nodes = data.num_nodes
+    if num_nodes is None or num_nodes < 1:
+        raise ValueError(f"'data' must have at least one node "
+                         f"(got num_nodes={num_nodes})")
+    num_edges = edge_index.size(1)
+    if num_edges > 0:
+        low, high = int(edge_index.min()), int(edge_index.max())
+        if low < 0 or high >= num_nodes:
+            bad = low if low < 0 else high
+            raise ValueError(f"'data.edge_index' contains node id {bad}, "
+                             f"outside the valid range [0, {num_nodes - 1}] "
+                             f"for num_nodes={num_nodes}")
+
+    node_attrs: Dict[str, Tensor] = {}
+    edge_attrs: Dict[str, Tensor] = {}
+    graph_attrs: Dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ('edge_index', 'num_nodes'):
+            continue
+        if isinstance(value, Tensor):
+            if value.dim() == 0:
+                graph_attrs[key] = value.item()
+            elif value.size(0) == num_nodes and not (
+                    value.size(0) == num_edges and 'edge' in key):
+                node_attrs[key] = value
+            elif value.size(0) == num_edges:
+                edge_attrs[key] = value
+            elif value.numel() == 1:
+                graph_attrs[key] = value.item()
+            else:
+                raise ValueError(
+                    f"Attribute '{key}' has shape {list(value.shape)}; "
+                    f"expected first dimension num_nodes={num_nodes} "
+                    f"(node attribute) or num_edges={num_edges} (edge "
+                    f"attribute), or a single graph-level value")
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            graph_attrs[key] = value
+        else:
+            raise ValueError(
+                f"Attribute '{key}' has unsupported type "
+                f"'{type(value).__name__}'; expected a tensor (node or edge "
+                f"attribute) or a Python scalar (graph attribute)")
+    return num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs
+
+
+def _check_out_dir(out_dir: str, overwrite: bool) -> None:
+    if osp.isfile(out_dir):
+        raise FileExistsError(f"Output path '{out_dir}' is a file; expected "
+                              f"a directory")
+    if not osp.isdir(out_dir) or not os.listdir(out_dir):
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"Output directory '{out_dir}' is not empty; pass "
+            f"overwrite=True (--overwrite) to replace it")
+    # Never delete a folder that does not look like a partition.
+    if not (osp.exists(osp.join(out_dir, MANIFEST_FILE))
+            or osp.exists(osp.join(out_dir, META_FILE))):
+        raise FileExistsError(
+            f"Refusing to overwrite '{out_dir}': it is not empty and holds "
+            f"no '{MANIFEST_FILE}' or '{META_FILE}', so it is not a "
+            f"partition directory")
+
+
+# Partitioning ################################################################
+
+
+def _symmetric_csr(edge_index: Tensor,
+                   num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Returns :obj:`(rowptr, row, col)` of the symmetrized graph without
+    self loops and duplicate edges, sorted by :obj:`(row, col)`."""
+    src, dst = edge_index[0], edge_index[1]
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    codes = torch.cat([src * num_nodes + dst, dst * num_nodes + src])
+    del src, dst, keep
+    codes = torch.unique(codes)  # sorts, so rows come out in order
+    row = codes // num_nodes
+    col = codes - row * num_nodes
+    del codes
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+    torch.cumsum(torch.bincount(row, minlength=num_nodes), dim=0,
+                 out=rowptr[1:])
+    return rowptr, row, col
+
+
+def _random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
+                  train_mask: Optional[Tensor]) -> Tensor:
+    # Round-robin over a random order: part sizes differ by at most one.
+    # Placing training nodes first in that order balances them as well.
+    order = torch.randperm(num_nodes, generator=generator)
+    if train_mask is not None:
+        is_not_train = (~train_mask[order]).to(torch.uint8)
+        order = order[torch.sort(is_not_train, stable=True).indices]
+    part = torch.empty(num_nodes, dtype=torch.long)
+    part[order] = torch.arange(num_nodes) % num_parts
+    return part
+
+
+def _metis_parts(rowptr: Tensor, col: Tensor, num_parts: int,
+                 seed: int) -> Tensor:
+    import pymetis
+
+    idx_dtype = np.int64
+    if pymetis._internal._idx_type_width() == 32:
+        idx_dtype = np.int32
+    adjacency = pymetis.CSRAdjacency(
+        rowptr.numpy().astype(idx_dtype, copy=False),
+        col.numpy().astype(idx_dtype, copy=False),
+    )
+    options = pymetis.Options()
+    options.seed = seed
+    # Note on training-node balance: METIS supports it via multi-constraint
+    # vertex weights (ncon=2), but pymetis 2025.2.2 always calls METIS with
+    # ncon=1 and reads an interleaved [n * 2] weight array as n single
+    # weights, which silently unbalances the parts. Training nodes are
+    # balanced by `_balance_training_nodes` instead.
+    result = pymetis.part_graph(num_parts, adjacency, options=options,
+                                recursive=False)
+    return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int64))
+
+
+def _neighbors_in_part(row: Tensor, col: Tensor, part: Tensor, target: int,
+                       num_nodes: int) -> Tensor:
+    # Per node: the number of its neighbors that lie in part `target`.
+    hits = part[col] == target
+    return torch.bincount(row[hits], minlength=num_nodes)
+
+
+def _balance_training_nodes(part: Tensor, row: Tensor, col: Tensor,
+                            train_mask: Tensor, num_parts: int) -> int:
+    r"""Moves training nodes from parts with too many to parts with too few,
+    swapping the same number of non-training nodes back so that node counts
+    stay unchanged. Candidates are ranked by the cut change of the move, so
+    boundary nodes move first. Returns the number of swapped pairs."""
+    num_nodes = part.numel()
+    target = float(train_mask.sum()) / num_parts
+    upper = math.floor(target * (1 + TRAIN_BALANCE_TOLERANCE) + 1)
+    lower = math.ceil(target * (1 - TRAIN_BALANCE_TOLERANCE) - 1)
+    num_swapped = 0
+    for _ in range(num_parts * num_parts):
+        counts = torch.bincount(part[train_mask], minlength=num_parts)
+        donor, receiver = int(counts.argmax()), int(counts.argmin())
+        if counts[donor] <= upper and counts[receiver] >= lower:
+            break
+        amount = int(min(counts[donor] - target, target - counts[receiver]))
+        amount = max(amount, 1)
+
+        to_receiver = _neighbors_in_part(row, col, part, receiver, num_nodes)
+        to_donor = _neighbors_in_part(row, col, part, donor, num_nodes)
+        gain = to_receiver - to_donor
+
+        out_nodes = ((part == donor) & train_mask).nonzero().view(-1)
+        back_nodes = ((part == receiver) & ~train_mask).nonzero().view(-1)
+        amount = min(amount, out_nodes.numel(), back_nodes.numel())
+        if amount == 0:
+            break
+        out_nodes = out_nodes[torch.topk(gain[out_nodes], amount).indices]
+        back_nodes = back_nodes[torch.topk(-gain[back_nodes], amount).indices]
+        part[out_nodes] = receiver
+        part[back_nodes] = donor
+        num_swapped += amount
+    return num_swapped
+
+
+def _count_per_part(values: Tensor, num_parts: int) -> Tensor:
+    return torch.bincount(values, minlength=num_parts)
+
+
+def _ratio(counts: Tensor) -> float:
+    mean = float(counts.double().mean())
+    return float(counts.max()) / mean if mean > 0 else 1.0
+
+
+def _tensor_info(value: Tensor) -> Dict[str, Any]:
+    return dict(shape=list(value.shape), dtype=str(value.dtype))
+
+
+def _save(obj: Any, path: str) -> None:
+    torch.save(obj, path)
+
+
+def partition_graph(
+    data: Data,
+    num_parts: int,
+    out_dir: str,
+    method: str = 'metis',
+    balance_train: bool = True,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Optional[bool] = None,
+) -> Dict[str, Any]:
+    r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
+    :obj:`out_dir` in PyG's distributed on-disk format.
+
+    Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
+    :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
+    order), and edges so that every part's incoming edges get contiguous new
+    ids, sorted by :obj:`(dst, src)`. :obj:`perm.pt` maps new node ids to
+    input ids. Every node attribute (first dimension :obj:`num_nodes`) and
+    edge attribute (first dimension :obj:`num_edges`) is kept.
+
+    The output is written to a temporary folder next to :obj:`out_dir` and
+    renamed when complete, so a failed run leaves nothing behind.
+
+    Args:
+        data (torch_geometric.data.Data): The graph.
+        num_parts (int): Number of parts, between 1 and the number of nodes.
+        out_dir (str): Output directory. Must be empty or absent unless
+            :obj:`overwrite` is set.
+        method (str, optional): :obj:`"metis"` (k-way METIS on the
+            symmetrized graph) or :obj:`"random"` (balanced random
+            assignment). (default: :obj:`"metis"`)
+        balance_train (bool, optional): If set and :obj:`data.train_mask`
+            exists, also balance the number of training nodes per part.
+            (default: :obj:`True`)
+        seed (int, optional): Seed of METIS and of the random assignment.
+            (default: :obj:`0`)
+        overwrite (bool, optional): Replace an existing partition in
+            :obj:`out_dir`. The old one is removed only after the new one is
+            complete. (default: :obj:`False`)
+        progress (bool, optional): Show a progress bar. (default: when
+            standard error is a terminal)
+
+    Returns:
+        The manifest written to :obj:`out_dir/pyg_sar.json`.
+    """
+    start_time = time.perf_counter()
+    if method not in METHODS:
+        raise ValueError(f"Unknown partition method '{method}'; expected one "
+                         f"of {list(METHODS)}")
+    out_dir = osp.abspath(os.fspath(out_dir))
+    num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
+        _split_attributes(data)
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
+        raise TypeError(f"'num_parts' must be an int (got "
+                        f"{type(num_parts).__name__})")
+    if not 1 <= num_parts <= num_nodes:
+        raise ValueError(f"'num_parts' must lie in [1, num_nodes="
+                         f"{num_nodes}] (got {num_parts})")
+    _check_out_dir(out_dir, overwrite)
+
+    train_mask = node_attrs.get('train_mask')
+    if train_mask is not None and (train_mask.dtype != torch.bool
+                                   or train_mask.dim() != 1):
+        train_mask = None  # not a usable mask: skip the train statistics
+    if progress is None:
+        progress = sys.stderr.isatty()
+
+    parent = osp.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.tmp-',
+                               dir=parent)
+    try:
+        with tqdm(total=4 + num_parts, disable=not progress,
+                  desc='partition', unit='step') as bar:
+            manifest = _write_partition(
+                tmp_dir, num_nodes, edge_index, node_attrs, edge_attrs,
+                graph_attrs, num_parts, method, balance_train, seed,
+                train_mask, bar)
+        manifest['time_s']['total'] = round(time.perf_counter() - start_time,
+                                            3)
+        _write_json(manifest, osp.join(tmp_dir, MANIFEST_FILE))
+        _replace_dir(tmp_dir, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_json(obj: Any, path: str) -> None:
+    with open(path, 'w') as f:
+        json.dump(obj, f, indent=2)
+        f.write('\n')
+
+
+def _replace_dir(new_dir: str, out_dir: str) -> None:
+    if not osp.exists(out_dir):
+        os.rename(new_dir, out_dir)
+        return
+    # Move the old directory aside first: rename() cannot replace a
+    # non-empty directory, and the old one must survive until the new one
+    # is in place.
+    trash_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.old-',
+                                 dir=osp.dirname(out_dir))
+    os.rmdir(trash_dir)
+    os.rename(out_dir, trash_dir)
+    try:
+        os.rename(new_dir, out_dir)
+    except BaseException:
+        os.rename(trash_dir, out_dir)
+        raise
+    shutil.rmtree(trash_dir, ignore_errors=True)
+
+
+def _write_partition(
+    root: str,
+    num_nodes: int,
+    edge_index: Tensor,
+    node_attrs: Dict[str, Tensor],
+    edge_attrs: Dict[str, Tensor],
+    graph_attrs: Dict[str, Any],
+    num_parts: int,
+    method: str,
+    balance_train: bool,
+    seed: int,
+    train_mask: Optional[Tensor],
+    bar: tqdm,
+) -> Dict[str, Any]:
+    timings: Dict[str, float] = {}
+    num_edges = edge_index.size(1)
+    generator = torch.Generator().manual_seed(seed)
+    balance_mask = train_mask if balance_train else None
+
+    # 1. Assign every node to a part.
+    stage_start = time.perf_counter()
+    num_swapped = 0
+    if method == 'random' or num_parts == 1:
+        bar.set_postfix_str('random assignment')
+        part = _random_parts(num_nodes, num_parts, generator, balance_mask)
+        bar.update(2)
+    else:
+        bar.set_postfix_str('symmetrize')
+        rowptr, row, col = _symmetric_csr(edge_index, num_nodes)
+        bar.update(1)
+        timings['symmetrize'] = round(time.perf_counter() - stage_start, 3)
+        bar.set_postfix_str('METIS')
+        if col.numel() == 0:
+            # Nothing to cut: any balanced assignment is optimal.
+            part = _random_parts(num_nodes, num_parts, generator,
+                                 balance_mask)
+        else:
+            part = _metis_parts(rowptr, col, num_parts, seed)
+        del rowptr
+        timings['metis'] = round(time.perf_counter() - stage_start, 3)
+        if balance_mask is not None and int(balance_mask.sum()) > 0:
+            bar.set_postfix_str('balance training nodes')
+            num_swapped = _balance_training_nodes(part, row, col,
+                                                  balance_mask, num_parts)
+        del row, col
+        bar.update(1)
+    timings['assign'] = round(time.perf_counter() - stage_start, 3)
+
+    # 2. Relabel nodes (stable by part) and edges (by new (dst, src)).
+    stage_start = time.perf_counter()
+    bar.set_postfix_str('relabel')
+    part_sizes = _count_per_part(part, num_parts)
+    node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
+    torch.cumsum(part_sizes, dim=0, out=node_ptr[1:])
+    perm = torch.sort(part, stable=True).indices  # new id -> input id
+    new_id = torch.empty_like(perm)
+    new_id[perm] = torch.arange(num_nodes)
+
+    src_part = part[edge_index[0]]
+    dst_part = part[edge_index[1]]
+    is_cut = src_part != dst_part
+    num_cut = int(is_cut.sum())
+    remote_edges = _count_per_part(dst_part[is_cut], num_parts)
+    del src_part, dst_part
+
+    sort_key = new_id[edge_index[1]] * num_nodes + new_id[edge_index[0]]
+    sort_key, edge_perm = torch.sort(sort_key, stable=True)
+    new_dst = sort_key // num_nodes
+    new_src = sort_key - new_dst * num_nodes
+    del sort_key, new_id
+    edge_ptr = torch.searchsorted(new_dst, node_ptr)
+    edge_sizes = edge_ptr[1:] - edge_ptr[:-1]
+    bar.update(1)
+    timings['relabel'] = round(time.perf_counter() - stage_start, 3)
+
+    # 3. Write the parts in PyG's homogeneous layout.
+    stage_start = time.perf_counter()
+    halo_nodes: List[int] = []
+    train_counts: List[int] = []
+    for i in range(num_parts):
+        bar.set_postfix_str(f'write part {i}')
+        part_dir = _part_dir(root, i)
+        os.makedirs(part_dir)
+        node_start, node_end = int(node_ptr[i]), int(node_ptr[i + 1])
+        edge_start, edge_end = int(edge_ptr[i]), int(edge_ptr[i + 1])
+        # Clone slices: torch.save of a view writes its whole storage.
+        row = new_src[edge_start:edge_end].clone()
+        col = new_dst[edge_start:edge_end].clone()
+        edge_id = torch.arange(edge_start, edge_end)
+        _save(
+            {
+                'edge_id': edge_id,
+                'row': row,
+                'col': col,
+                'size': (num_nodes, num_nodes),
+            }, osp.join(part_dir, 'graph.pt'))
+        is_remote = (row < node_start) | (row >= node_end)
+        halo_nodes.append(int(torch.unique(row[is_remote]).numel()))
+        del row, col, is_remote
+
+        input_node_ids = perm[node_start:node_end]
+        node_feats = {
+            key: value[input_node_ids]
+            for key, value in node_attrs.items()
+        }
+        if train_mask is not None:
+            train_counts.append(int(node_feats['train_mask'].sum()))
+        _save(
+            {
+                'global_id': torch.arange(node_start, node_end),
+                'feats': node_feats,
+            }, osp.join(part_dir, 'node_feats.pt'))
+        del node_feats
+
+        input_edge_ids = edge_perm[edge_start:edge_end]
+        edge_feats = {
+            key: value[input_edge_ids]
+            for key, value in edge_attrs.items()
+        }
+        _save({
+            'global_id': edge_id,
+            'feats': edge_feats
+        }, osp.join(part_dir, 'edge_feats.pt'))
+        del edge_feats
+        bar.update(1)
+
+    bar.set_postfix_str('write maps')
+    _save(torch.repeat_interleave(torch.arange(num_parts), part_sizes),
+          osp.join(root, NODE_MAP_FILE))
+    _save(torch.repeat_interleave(torch.arange(num_parts), edge_sizes),
+          osp.join(root, EDGE_MAP_FILE))
+    _save(perm, osp.join(root, PERM_FILE))
+    _write_json(
+        {
+            'num_parts': num_parts,
+            'node_types': None,
+            'edge_types': None,
+            'node_offset': None,
+            'is_hetero': False,
+            'is_sorted': True,
+        }, osp.join(root, META_FILE))
+    bar.update(1)
+    timings['write'] = round(time.perf_counter() - stage_start, 3)
+
+    parts = []
+    for i in range(num_parts):
+        parts.append({
+            'num_nodes': int(part_sizes[i]),
+            'num_edges': int(edge_sizes[i]),
+            'num_train_nodes': train_counts[i] if train_counts else None,
+            'num_remote_edges': int(remote_edges[i]),
+            'num_halo_nodes': halo_nodes[i],
+        })
+    balance = {
+        'nodes_max_over_mean': round(_ratio(part_sizes), 4),
+        'edges_max_over_mean': round(_ratio(edge_sizes), 4),
+    }
+    if train_counts:
+        balance['train_max_over_mean'] = round(
+            _ratio(torch.tensor(train_counts)), 4)
+
+    return {
+        'format': 'pyg_sar.partition',
+        'format_version': FORMAT_VERSION,
+        'pyg_sar_version': _version(),
+        'num_parts': num_parts,
+        'method': method,
+        'balance_train': bool(balance_train and train_mask is not None),
+        'train_swaps': num_swapped,
+        'seed': seed,
+        'num_nodes': num_nodes,
+        'num_edges': num_edges,
+        'node_ptr': node_ptr.tolist(),
+        'edge_ptr': edge_ptr.tolist(),
+        'parts': parts,
+        'edge_cut': {
+            'count': num_cut,
+            'fraction': round(num_cut / num_edges, 6) if num_edges else 0.0,
+        },
+        'balance': balance,
+        'perm_file': PERM_FILE,
+        'node_attr_names': list(node_attrs),
+        'edge_attr_names': list(edge_attrs),
+        'source': {
+            'num_nodes': num_nodes,
+            'num_edges': num_edges,
+            'node_attrs': {k: _tensor_info(v)
+                           for k, v in node_attrs.items()},
+            'edge_attrs': {k: _tensor_info(v)
+                           for k, v in edge_attrs.items()},
+            'graph_attrs': graph_attrs,
+        },
+        'time_s': timings,
+    }
+
+
+# Loading #####################################################################
+
+
+class Partition:
+    r"""One part of a partitioned graph, as returned by
+    :func:`load_partition`.
+
+    Part :obj:`rank` owns the new global node ids :obj:`node_ptr[rank]` to
+    :obj:`node_ptr[rank + 1] - 1` and all edges pointing into them, stored in
+    CSC order by local destination: the incoming edges of local node
+    :obj:`v` are :obj:`csc_src[csc_ptr[v]:csc_ptr[v + 1]]` (global new source
+    ids, ascending) with global new edge ids :obj:`csc_eid[...]`.
+
+    Every node attribute of the input graph (:obj:`x`, :obj:`y`,
+    :obj:`train_mask`, ...) is an attribute with rows in local order (see
+    :obj:`node_attr_names`); likewise every edge attribute with rows in CSC
+    order (see :obj:`edge_attr_names`). Both are also available through the
+    :obj:`node_attrs` and :obj:`edge_attrs` dictionaries.
+    """
+    def __init__(
+        self,
+        root: str,
+        rank: int,
+        num_parts: int,
+        num_nodes: int,
+        num_edges: int,
+        node_ptr: Tensor,
+        orig_ids: Tensor,
+        node_map: Tensor,
+        csc_ptr: Tensor,
+        csc_src: Tensor,
+        csc_eid: Tensor,
+        node_attrs: Dict[str, Tensor],
+        edge_attrs: Dict[str, Tensor],
+        fingerprint: str,
+        manifest: Dict[str, Any],
+    ):
+        self.root = root
+        self.rank = rank
+        self.num_parts = num_parts
+        self.num_nodes = num_nodes
+        self.num_edges = num_edges
+        self.node_ptr = node_ptr
+        self.node_ids = torch.arange(int(node_ptr[rank]),
+                                     int(node_ptr[rank + 1]))
+        self.orig_ids = orig_ids
+        self.node_map = node_map
+        self.csc_ptr = csc_ptr
+        self.csc_src = csc_src
+        self.csc_eid = csc_eid
+        self.node_attrs = node_attrs
+        self.edge_attrs = edge_attrs
+        self.node_attr_names = list(node_attrs)
+        self.edge_attr_names = list(edge_attrs)
+        self.fingerprint = fingerprint
+        self.manifest = manifest
+        for key, value in {**node_attrs, **edge_attrs}.items():
+            # Attributes that would shadow a field stay in the dictionaries.
+            if key not in self.__dict__ and not hasattr(type(self), key):
+                setattr(self, key, value)
+
+    @property
+    def num_local_nodes(self) -> int:
+        return self.node_ids.numel()
+
+    @property
+    def num_local_edges(self) -> int:
+        return self.csc_src.numel()
+
+    @property
+    def edge_index(self) -> Tensor:
+        r"""The local edges as :obj:`[2, num_local_edges]` global
+        :obj:`(src, dst)` ids in CSC order."""
+        counts = self.csc_ptr[1:] - self.csc_ptr[:-1]
+        dst = torch.repeat_interleave(self.node_ids, counts)
+        return torch.stack([self.csc_src, dst], dim=0)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(rank={self.rank}/'
+                f'{self.num_parts}, num_local_nodes={self.num_local_nodes}, '
+                f'num_local_edges={self.num_local_edges}, '
+                f'num_nodes={self.num_nodes}, num_edges={self.num_edges}, '
+                f'node_attrs={self.node_attr_names}, '
+                f'edge_attrs={self.edge_attr_names})')
+
+
+def _read_bytes(path: str) -> bytes:
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"Partition file '{path}' is missing")
+    with open(path, 'rb') as f:
+        return f.read()
+
+
+def _parse_json(raw: bytes, path: str) -> Dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"Partition file '{path}' is corrupt (invalid "
+                         f"JSON: {e})") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"Partition file '{path}' is corrupt (expected a "
+                         f"JSON object)")
+    return obj
+
+
+def _load(path: str) -> Any:
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"Partition file '{path}' is missing")
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"Partition file '{path}' is corrupt or unreadable "
+                         f"({type(e).__name__}: {e})") from e
+
+
+def _expect(condition: bool, path: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"Partition file '{path}' does not match the "
+                         f"partition: {message}")
+
+
+def _load_dict(path: str, keys: Tuple[str, ...]) -> Dict[str, Any]:
+    obj = _load(path)
+    _expect(isinstance(obj, dict), path, 'expected a dictionary')
+    missing = [key for key in keys if key not in obj]
+    _expect(not missing, path, f'missing keys {missing}')
+    return obj
+
+
+def _expect_vector(value: Any, length: int, path: str, name: str) -> None:
+    _expect(
+        isinstance(value, Tensor) and value.dim() == 1
+        and value.numel() == length, path,
+        f"'{name}' should be a vector of length {length} (got "
+        f"{list(value.shape) if isinstance(value, Tensor) else value!r})")
+
+
+def load_partition(root: str, rank: int) -> Partition:
+    r"""Loads part :obj:`rank` of the partition written to :obj:`root` by
+    :func:`partition_graph`.
+
+    Files are read with :obj:`torch.load(weights_only=True)` and checked
+    against :obj:`META.json` and :obj:`pyg_sar.json`; a missing, corrupt or
+    inconsistent file raises an error that names it.
+    """
+    root = os.fspath(root)
+    if not osp.isdir(root):
+        raise FileNotFoundError(f"Partition directory '{root}' does not "
+                                f"exist")
+    meta_path = osp.join(root, META_FILE)
+    manifest_path = osp.join(root, MANIFEST_FILE)
+    meta_bytes = _read_bytes(meta_path)
+    manifest_bytes = _read_bytes(manifest_path)
+    meta = _parse_json(meta_bytes, meta_path)
+    manifest = _parse_json(manifest_bytes, manifest_path)
+    fingerprint = hashlib.sha256(meta_bytes + b'\0' +
+                                 manifest_bytes).hexdigest()
+
+    try:
+        num_parts = int(manifest['num_parts'])
+        num_nodes = int(manifest['num_nodes'])
+        num_edges = int(manifest['num_edges'])
+        node_ptr = torch.tensor(manifest['node_ptr'], dtype=torch.long)
+        edge_ptr = torch.tensor(manifest['edge_ptr'], dtype=torch.long)
+        perm_file = manifest['perm_file']
+        node_attr_names = list(manifest['node_attr_names'])
+        edge_attr_names = list(manifest['edge_attr_names'])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"Partition file '{manifest_path}' is corrupt "
+                         f"(bad or missing field: {e})") from e
+    _expect(meta.get('num_parts') == num_parts, meta_path,
+            f"num_parts={meta.get('num_parts')} but '{MANIFEST_FILE}' says "
+            f"{num_parts}")
+    _expect(meta.get('is_hetero') is False, meta_path,
+            'expected a homogeneous partition (is_hetero false)')
+    _expect(node_ptr.numel() == num_parts + 1 and int(node_ptr[-1])
+            == num_nodes and edge_ptr.numel() == num_parts + 1
+            and int(edge_ptr[-1]) == num_edges, manifest_path,
+            'node_ptr/edge_ptr do not match num_parts, num_nodes, num_edges')
+
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"'rank' must be an int (got {type(rank).__name__})")
+    if not 0 <= rank < num_parts:
+        raise ValueError(f"'rank' must lie in [0, {num_parts - 1}] for the "
+                         f"{num_parts}-part partition in '{root}' (got "
+                         f"{rank})")
+    part_dir = _part_dir(root, rank)
+    if not osp.isdir(part_dir):
+        raise FileNotFoundError(f"Partition directory '{part_dir}' is "
+                                f"missing")
+
+    node_start, node_end = int(node_ptr[rank]), int(node_ptr[rank + 1])
+    edge_start, edge_end = int(edge_ptr[rank]), int(edge_ptr[rank + 1])
+    num_local_nodes = node_end - node_start
+    num_local_edges = edge_end - edge_start
+
+    node_map_path = osp.join(root, NODE_MAP_FILE)
+    node_map = _load(node_map_path)
+    _expect_vector(node_map, num_nodes, node_map_path, 'node_map')
+
+    perm_path = osp.join(root, perm_file)
+    perm = _load(perm_path)
+    _expect_vector(perm, num_nodes, perm_path, 'perm')
+    orig_ids = perm[node_start:node_end].clone()
+    del perm
+
+    graph_path = osp.join(part_dir, 'graph.pt')
+    graph = _load_dict(graph_path, ('edge_id', 'row', 'col', 'size'))
+    for key in ('edge_id', 'row', 'col'):
+        _expect_vector(graph[key], num_local_edges, graph_path, key)
+    csc_src, col, csc_eid = graph['row'], graph['col'], graph['edge_id']
+    if num_local_edges > 0:
+        _expect(
+            int(col.min()) >= node_start and int(col.max()) < node_end,
+            graph_path, f'destination ids outside [{node_start}, '
+            f'{node_end})')
+        _expect(
+            int(csc_src.min()) >= 0 and int(csc_src.max()) < num_nodes,
+            graph_path, f'source ids outside [0, {num_nodes})')
+        _expect(bool((col[1:] >= col[:-1]).all()), graph_path,
+                'edges are not sorted by destination')
+    csc_ptr = torch.zeros(num_local_nodes + 1, dtype=torch.long)
+    torch.cumsum(torch.bincount(col - node_start, minlength=num_local_nodes),
+                 dim=0, out=csc_ptr[1:])
+
+    node_feats_path = osp.join(part_dir, 'node_feats.pt')
+    node_feats = _load_dict(node_feats_path, ('global_id', 'feats'))
+    _expect_vector(node_feats['global_id'], num_local_nodes, node_feats_path,
+                   'global_id')
+    node_attrs = node_feats['feats']
+    _expect(
+        isinstance(node_attrs, dict)
+        and sorted(node_attrs) == sorted(node_attr_names), node_feats_path,
+        f'expected node attributes {node_attr_names}')
+    for key, value in node_attrs.items():
+        _expect(value.size(0) == num_local_nodes, node_feats_path,
+                f"'{key}' has {value.size(0)} rows, expected "
+                f"{num_local_nodes}")
+
+    edge_feats_path = osp.join(part_dir, 'edge_feats.pt')
+    edge_feats = _load_dict(edge_feats_path, ('global_id', 'feats'))
+    _expect_vector(edge_feats['global_id'], num_local_edges, edge_feats_path,
+                   'global_id')
+    edge_attrs = edge_feats['feats']
+    _expect(
+        isinstance(edge_attrs, dict)
+        and sorted(edge_attrs) == sorted(edge_attr_names), edge_feats_path,
+        f'expected edge attributes {edge_attr_names}')
+    for key, value in edge_attrs.items():
+        _expect(value.size(0) == num_local_edges, edge_feats_path,
+                f"'{key}' has {value.size(0)} rows, expected "
+                f"{num_local_edges}")
+
+    return Partition(
+        root=root,
+        rank=rank,
+        num_parts=num_parts,
+        num_nodes=num_nodes,
+        num_edges=num_edges,
+        node_ptr=node_ptr,
+        orig_ids=orig_ids,
+        node_map=node_map,
+        csc_ptr=csc_ptr,
+        csc_src=csc_src,
+        csc_eid=csc_eid,
+        node_attrs={key: node_attrs[key]
+                    for key in node_attr_names},
+        edge_attrs={key: edge_attrs[key]
+                    for key in edge_attr_names},
+        fingerprint=fingerprint,
+        manifest=manifest,
+    )
