@@ -19,7 +19,7 @@ COAUTHOR_NAMES = ('CS', 'Physics')
 # Default size of the ``synthetic`` dataset; keyword arguments override it.
 SYNTHETIC_DEFAULTS: Dict[str, Any] = dict(
     num_nodes=100_000,
-    avg_degree=20,
+    avg_degree=20.0,
     num_features=128,
     num_classes=10,
 )

@@ -331,6 +331,11 @@ def partition_graph(
     tmp_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.tmp-',
                                dir=parent)
     try:
+        # mkdtemp creates the folder private (0700); give the final
+        # partition the permissions of a normally created directory.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_dir, 0o777 & ~umask)
         with tqdm(total=4 + num_parts, disable=not progress,
                   desc='partition', unit='step') as bar:
             manifest = _write_partition(

@@ -1,0 +1,243 @@
+"""The ``pyg-sar`` command line.
+
+Subcommands live in one registry, :obj:`COMMANDS`. To add one from another
+module, call :func:`register_command` at import time of that module and list
+the module in :obj:`COMMAND_MODULES`, so that :func:`main` imports it::
+
+    # pyg_sar/train.py
+    from pyg_sar.cli import register_command
+
+    def _configure(parser):
+        parser.add_argument('--epochs', type=int, default=100)
+
+    def _run(args):
+        ...
+        return 0
+
+    register_command('train', 'Train a GNN on a partition', _configure, _run)
+"""
+import argparse
+import importlib
+import json
+import os.path as osp
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+# Modules that register further subcommands when imported. A module that
+# does not exist (yet) is skipped; any other import error is raised.
+COMMAND_MODULES: List[str] = [
+    'pyg_sar.train',
+    'pyg_sar.demo',
+]
+
+
+@dataclass
+class Command:
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], Optional[int]]
+
+
+COMMANDS: Dict[str, Command] = {}
+
+
+def register_command(
+    name: str,
+    help: str,
+    configure: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], Optional[int]],
+) -> None:
+    r"""Registers the subcommand :obj:`name`: :obj:`configure` adds its
+    arguments to an :class:`argparse.ArgumentParser`, :obj:`run` executes it
+    and returns an exit code (:obj:`None` means 0)."""
+    if name in COMMANDS:
+        raise ValueError(f"Subcommand '{name}' is already registered")
+    COMMANDS[name] = Command(help=help, configure=configure, run=run)
+
+
+# partition ###################################################################
+
+
+def _configure_partition(parser: argparse.ArgumentParser) -> None:
+    from pyg_sar.datasets import SYNTHETIC_DEFAULTS
+    parser.add_argument(
+        '--dataset', required=True,
+        help="'synthetic', Cora, CiteSeer, PubMed, Computers, Photo, CS, "
+        "Physics or ogbn-* (needs the ogb package)")
+    parser.add_argument(
+        '--root', default='data',
+        help='dataset root; PyG downloads the raw files here when absent '
+        '(default: %(default)s)')
+    parser.add_argument('--num-parts', type=int, required=True)
+    parser.add_argument('--out', required=True, help='output directory')
+    parser.add_argument('--method', choices=['metis', 'random'],
+                        default='metis')
+    parser.add_argument('--no-balance-train', action='store_true',
+                        help='do not balance training nodes across parts')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--overwrite', action='store_true',
+                        help='replace an existing partition in --out')
+    group = parser.add_argument_group('synthetic dataset')
+    for name, value in SYNTHETIC_DEFAULTS.items():
+        group.add_argument(f"--{name.replace('_', '-')}", type=type(value),
+                           default=None,
+                           help=f'(default: {value})')
+
+
+def _run_partition(args: argparse.Namespace) -> int:
+    from pyg_sar import datasets
+    from pyg_sar.partition import _check_out_dir, partition_graph
+
+    # Fail before the (possibly slow) dataset load, not after it.
+    _check_out_dir(osp.abspath(args.out), args.overwrite)
+
+    synthetic_options = {
+        name: getattr(args, name)
+        for name in datasets.SYNTHETIC_DEFAULTS
+        if getattr(args, name) is not None
+    }
+    if synthetic_options and args.dataset != 'synthetic':
+        raise ValueError(f"Options {sorted(synthetic_options)} only apply to "
+                         f"--dataset synthetic")
+    start = time.perf_counter()
+    data = datasets.load(args.dataset, args.root, seed=args.seed,
+                         **synthetic_options)
+    load_time = time.perf_counter() - start
+    print(f'Loaded {args.dataset}: {data.num_nodes:,} nodes, '
+          f'{data.num_edges:,} edges ({load_time:.1f}s)')
+
+    manifest = partition_graph(data, args.num_parts, args.out,
+                               method=args.method,
+                               balance_train=not args.no_balance_train,
+                               seed=args.seed, overwrite=args.overwrite)
+    cut = manifest['edge_cut']
+    balance = manifest['balance']
+    print(f"Wrote {manifest['num_parts']} parts to {args.out} "
+          f"({manifest['method']})")
+    print(f"edge cut: {cut['count']:,} edges ({100 * cut['fraction']:.2f}%)")
+    print(f"balance (max/mean): nodes {balance['nodes_max_over_mean']:.3f}, "
+          f"edges {balance['edges_max_over_mean']:.3f}" +
+          (f", train {balance['train_max_over_mean']:.3f}"
+           if 'train_max_over_mean' in balance else ''))
+    print(f"time: {manifest['time_s']['total']:.1f}s partition, "
+          f"{load_time:.1f}s load")
+    return 0
+
+
+# info ########################################################################
+
+
+def _configure_info(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('dir', help='partition directory')
+    parser.add_argument('--json', action='store_true',
+                        help='print the raw manifest')
+
+
+def _format_table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [
+        max(len(str(cell)) for cell in column)
+        for column in zip(header, *rows)
+    ]
+    lines = [
+        '  '.join(str(cell).rjust(width) for cell, width in zip(row, widths))
+        for row in [header, ['-' * w for w in widths], *rows]
+    ]
+    return '\n'.join(lines)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from pyg_sar.partition import MANIFEST_FILE
+    path = osp.join(args.dir, MANIFEST_FILE)
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"'{path}' not found; is '{args.dir}' a "
+                                f"partition written by pyg-sar?")
+    with open(path) as f:
+        manifest = json.load(f)
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+
+    cut = manifest['edge_cut']
+    balance = manifest['balance']
+    source = manifest['source']
+    summary = [
+        ['directory', args.dir],
+        ['pyg_sar version', manifest['pyg_sar_version']],
+        ['method', manifest['method']],
+        ['parts', manifest['num_parts']],
+        ['nodes', f"{manifest['num_nodes']:,}"],
+        ['edges', f"{manifest['num_edges']:,}"],
+        ['edge cut', f"{cut['count']:,} ({100 * cut['fraction']:.2f}%)"],
+        *[[f'balance {key}', value] for key, value in balance.items()],
+        ['node attributes', ', '.join(
+            f"{k}{v['shape']}:{v['dtype'].replace('torch.', '')}"
+            for k, v in source['node_attrs'].items()) or '-'],
+        ['edge attributes', ', '.join(
+            f"{k}{v['shape']}:{v['dtype'].replace('torch.', '')}"
+            for k, v in source['edge_attrs'].items()) or '-'],
+        ['permutation', manifest['perm_file']],
+        ['partition time', f"{manifest['time_s'].get('total', 0):.1f}s"],
+    ]
+    width = max(len(key) for key, _ in summary)
+    print('\n'.join(f'{key.ljust(width)}  {value}' for key, value in summary))
+    print()
+
+    header = ['part', 'nodes', 'edges', 'train', 'remote edges', 'halo nodes']
+    rows = []
+    for i, part in enumerate(manifest['parts']):
+        train = part['num_train_nodes']
+        rows.append([
+            i, f"{part['num_nodes']:,}", f"{part['num_edges']:,}",
+            '-' if train is None else f'{train:,}',
+            f"{part['num_remote_edges']:,}", f"{part['num_halo_nodes']:,}"
+        ])
+    print(_format_table(header, rows))
+    return 0
+
+
+register_command('partition', 'Partition a dataset into PyG\'s '
+                 'distributed format', _configure_partition, _run_partition)
+register_command('info', 'Show the manifest of a partition directory',
+                 _configure_info, _run_info)
+
+
+def _import_command_modules() -> None:
+    for module_name in COMMAND_MODULES:
+        try:
+            importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    r"""Builds the argument parser with every registered subcommand."""
+    _import_command_modules()
+    parser = argparse.ArgumentParser(
+        prog='pyg-sar',
+        description='Distributed full-batch GNN training for PyG')
+    subparsers = parser.add_subparsers(dest='command', required=True,
+                                       metavar='COMMAND')
+    for name, command in COMMANDS.items():
+        subparser = subparsers.add_parser(name, help=command.help,
+                                          description=command.help)
+        command.configure(subparser)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    r"""Entry point of the ``pyg-sar`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        code = COMMANDS[args.command].run(args)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError,
+            ImportError) as e:
+        print(f'pyg-sar {args.command}: error: {e}', file=sys.stderr)
+        return 2
+    return 0 if code is None else int(code)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
