@@ -1,0 +1,25 @@
+import os
+import os.path as osp
+import shutil
+
+import pytest
+
+# Real datasets live next to the repository, never inside it.
+SHARED_DATA = os.environ.get(
+    'PYG_SAR_SHARED_DATA',
+    osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), '..', 'shared',
+             'data'))
+
+
+@pytest.fixture(scope='session')
+def shared_data_root(tmp_path_factory) -> str:
+    r"""A writable copy of ``../shared/data`` (PyG writes ``processed/``
+    folders next to the raw files), made once per session. Skips the test
+    when the folder is absent."""
+    source = osp.normpath(SHARED_DATA)
+    if not osp.isdir(source):
+        pytest.skip(f"real datasets not available: '{source}' is absent "
+                    f"(set PYG_SAR_SHARED_DATA to their folder)")
+    root = tmp_path_factory.mktemp('shared_data') / 'data'
+    shutil.copytree(source, root)
+    return str(root)

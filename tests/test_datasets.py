@@ -1,0 +1,112 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.nn.models import GCN, MLP
+from torch_geometric.utils import is_undirected
+
+from pyg_sar import datasets
+
+
+def test_synthetic_graph_structure():
+    data = datasets.synthetic_graph(5000, 16, 12, 5, seed=3)
+    assert data.num_nodes == 5000
+    assert data.x.shape == (5000, 12) and data.y.shape == (5000, )
+    assert int(data.y.min()) == 0 and int(data.y.max()) == 4
+    edge_index = data.edge_index
+    assert edge_index.dtype == torch.long
+    assert is_undirected(edge_index, num_nodes=5000)
+    assert not bool((edge_index[0] == edge_index[1]).any())
+    codes = edge_index[0] * 5000 + edge_index[1]
+    assert torch.unique(codes).numel() == codes.numel()
+    assert abs(data.num_edges / 5000 - 16) < 1.6
+    # Power-law-ish degrees: hubs far above the mean.
+    degree = torch.bincount(edge_index[0], minlength=5000)
+    assert int(degree.max()) > 5 * float(degree.float().mean())
+    # Homophily: most edges join nodes of the same class.
+    assert float((data.y[edge_index[0]] == data.y[edge_index[1]]).float()
+                 .mean()) > 0.6
+    masks = data.train_mask.long() + data.val_mask.long() + \
+        data.test_mask.long()
+    assert bool((masks == 1).all())
+    assert int(data.train_mask.sum()) == 500
+
+
+def test_synthetic_graph_is_deterministic():
+    first = datasets.synthetic_graph(2000, 10, 4, 3, seed=7)
+    second = datasets.synthetic_graph(2000, 10, 4, 3, seed=7)
+    other = datasets.synthetic_graph(2000, 10, 4, 3, seed=8)
+    for key in ('x', 'y', 'edge_index', 'train_mask', 'test_mask'):
+        assert torch.equal(first[key], second[key])
+    assert not torch.equal(first.y, other.y)
+
+
+def _accuracy(model, data, use_graph: bool) -> float:
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01,
+                                 weight_decay=5e-4)
+
+    def forward():
+        return model(data.x, data.edge_index) if use_graph else model(data.x)
+
+    best_val = best_test = 0.0
+    for _ in range(40):
+        model.train()
+        optimizer.zero_grad()
+        out = forward()
+        F.cross_entropy(out[data.train_mask],
+                        data.y[data.train_mask]).backward()
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            pred = forward().argmax(dim=-1)
+        val = float((pred[data.val_mask] == data.y[data.val_mask]).float()
+                    .mean())
+        if val > best_val:
+            best_val = val
+            best_test = float((pred[data.test_mask] == data.y[data.test_mask]
+                               ).float().mean())
+    return best_test
+
+
+def test_gnn_beats_mlp_on_synthetic():
+    torch.manual_seed(0)
+    data = datasets.synthetic_graph(3000, 12, 32, 5, seed=0)
+    mlp = _accuracy(MLP([32, 32, 5], dropout=0.5), data, use_graph=False)
+    gcn = _accuracy(GCN(32, 32, 2, 5, dropout=0.5, cached=True), data,
+                   use_graph=True)
+    assert gcn > mlp + 0.2, (mlp, gcn)
+    assert mlp > 0.3  # the features do carry class signal
+
+
+def test_load_synthetic_with_overrides():
+    data = datasets.load('synthetic', num_nodes=1000, num_features=4)
+    assert data.num_nodes == 1000 and data.x.size(1) == 4
+
+
+def test_load_unknown_dataset():
+    with pytest.raises(ValueError, match="Unknown dataset 'Nope'"):
+        datasets.load('Nope', 'unused')
+    with pytest.raises(ValueError, match='takes no extra options'):
+        datasets.load('Cora', 'unused', num_nodes=5)
+
+
+def test_load_ogb_without_package(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, 'ogb', None)
+    monkeypatch.setitem(sys.modules, 'ogb.nodeproppred', None)
+    with pytest.raises(ImportError, match="needs the 'ogb' package"):
+        datasets.load('ogbn-arxiv', 'unused')
+
+
+@pytest.mark.parametrize('name, num_nodes, num_classes', [
+    ('Cora', 2708, 7),
+    ('CiteSeer', 3327, 6),
+    ('Photo', 7650, 8),
+])
+def test_load_real(shared_data_root, name, num_nodes, num_classes):
+    data = datasets.load(name, shared_data_root)
+    assert data.num_nodes == num_nodes
+    assert int(data.y.max()) + 1 == num_classes
+    if name == 'Photo':  # Shchur et al. split: 20 train, 30 val per class
+        assert int(data.train_mask.sum()) == 20 * num_classes
+        assert int(data.val_mask.sum()) == 30 * num_classes
+        assert not bool((data.train_mask & data.test_mask).any())
