@@ -1,0 +1,390 @@
+"""The distributed graph of one worker: edge blocks and the exchange plan.
+
+A worker owns a contiguous range of global node ids and every edge whose
+destination it owns. :class:`DistGraph` cuts those edges into one
+:class:`EdgeBlock` per source partition (the local block plus one per remote
+partition that sends edges here), re-indexes each block's sources compactly,
+and agrees with every peer, once, on which rows travel between them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_sar import comm
+
+MODES = ('sar', 'sa', 'one_shot')
+
+
+@dataclass
+class EdgeChunk:
+    """A run of at most ``chunk_size`` edges of one block, sorted by
+    destination, so that it touches destination rows ``[row_start, row_end)``.
+
+    ``src`` indexes the block's source table, ``dst`` is the local destination
+    id, and ``edge_pos`` the position of each edge in the graph's edge order
+    (where edge-level tensors such as ``edge_weight`` are indexed).
+    """
+    src: Tensor
+    dst: Tensor
+    edge_pos: Tensor
+    row_start: int
+    row_end: int
+    _csr: Optional[Tuple[Tensor, Tensor]] = None
+    _csr_t: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.numel())
+
+    def csr(self) -> Tuple[Tensor, Tensor]:
+        """``(crow, col)`` of the chunk's rows (destinations) over the block's
+        source table; values are in edge order."""
+        if self._csr is None:
+            rows = self.dst - self.row_start
+            crow = torch.zeros(self.row_end - self.row_start + 1,
+                               dtype=torch.long)
+            crow[1:] = torch.bincount(
+                rows, minlength=self.row_end - self.row_start).cumsum(0)
+            self._csr = (crow, self.src)
+        return self._csr
+
+    def csr_transposed(self, num_src: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(crow, col, perm)`` of the transposed chunk: rows are sources,
+        columns destination rows; ``perm`` orders edge values accordingly."""
+        if self._csr_t is None:
+            perm = torch.argsort(self.src, stable=True)
+            crow = torch.zeros(num_src + 1, dtype=torch.long)
+            crow[1:] = torch.bincount(self.src, minlength=num_src).cumsum(0)
+            self._csr_t = (crow, self.dst[perm] - self.row_start, perm)
+        return self._csr_t
+
+
+@dataclass
+class EdgeBlock:
+    """All edges into this worker whose sources live on partition ``peer``.
+
+    ``num_src`` rows make up its source table: for the local block the whole
+    local node set, for a remote block the rows ``DistGraph.recv_ids[peer]``
+    fetched from the peer.
+    """
+    peer: int
+    num_src: int
+    chunks: List[EdgeChunk] = field(default_factory=list)
+
+    @property
+    def num_edges(self) -> int:
+        return sum(c.num_edges for c in self.chunks)
+
+
+def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
+                 chunk_size: Optional[int],
+                 num_nodes: int) -> List[EdgeChunk]:
+    """Cuts destination-sorted edges into chunks of at most ``chunk_size``."""
+    num_edges = src.numel()
+    if chunk_size is None or num_edges <= chunk_size:
+        bounds = [0, num_edges]
+    else:
+        bounds = list(range(0, num_edges, chunk_size)) + [num_edges]
+    chunks = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        d = dst[lo:hi]
+        if hi > lo:
+            row_start, row_end = int(d[0]), int(d[-1]) + 1
+        else:
+            row_start, row_end = 0, num_nodes
+        chunks.append(EdgeChunk(src[lo:hi], d, edge_pos[lo:hi], row_start,
+                                row_end))
+    return chunks
+
+
+class DistGraph:
+    r"""The partition of one worker, ready for distributed message passing.
+
+    Collective: every rank builds its own ``DistGraph`` at the same time. It
+    checks that all ranks loaded partitions of one and the same partitioning
+    (same fingerprint, part count equal to the world size) before anything
+    else, then exchanges the source-id lists once to build the plan.
+
+    Args:
+        part: The worker's :class:`pyg_sar.Partition`.
+        mode: ``"sar"`` (no autograd graph kept in forward; backward
+            re-fetches and recomputes block by block), ``"sa"`` (keeps the
+            per-block graph; no re-fetch in backward) or ``"one_shot"``
+            (all halo features in one exchange per layer, one local
+            propagation).
+        chunk_size: Split every block, the local one too, into chunks of at
+            most this many edges that are aggregated in turn; bounds the
+            per-edge memory (with one worker, this is the single-machine
+            mode for graphs whose per-edge tensors do not fit).
+
+    Attributes:
+        num_nodes: Number of local nodes. ``num_edges``: local in-edges.
+        node_offset: First global id of this worker.
+        blocks: One :class:`EdgeBlock` per source partition with edges here,
+            local first, then in ring order.
+        send_ids: ``{peer: local ids of mine that peer needs}``.
+        recv_ids: ``{peer: peer-local ids of its nodes that I need}``.
+        in_degree: Global in-degree of every local node (all in-edges of a
+            node live with its owner, so it is complete locally).
+    """
+
+    def __init__(self, part, mode: str = 'sar',
+                 chunk_size: Optional[int] = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES} (got {mode!r})")
+        if chunk_size is not None and (not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive int or None "
+                             f"(got {chunk_size!r})")
+        self.mode = mode
+        self.chunk_size = chunk_size
+        self.rank = int(part.rank)
+        self.world_size = int(part.num_parts)
+        self._check_world(part)
+
+        self.node_ptr = part.node_ptr.to(torch.long)
+        self.node_offset = int(self.node_ptr[self.rank])
+        self.num_nodes = int(part.num_local_nodes)
+        self.num_global_nodes = int(part.num_nodes)
+        csc_ptr = part.csc_ptr.to(torch.long)
+        self.num_edges = int(csc_ptr[-1])
+        self.in_degree = (csc_ptr[1:] - csc_ptr[:-1])
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes),
+                                      self.in_degree)
+        src_global = part.csc_src.to(torch.long)
+        self.edge_ids = part.csc_eid
+        self._dst = dst
+        self._src_global = src_global
+        self._build_plan(src_global, dst)
+        self._views: Dict[str, 'DistGraph'] = {}
+        self._source_cache: Dict[str, List[Tensor]] = {}
+        # Per-graph constants that layers derive once (e.g. GCN's norm).
+        self.derived: Dict = {}
+
+    # Set-up ##################################################################
+
+    def _check_world(self, part) -> None:
+        world_size, rank = comm.get_world_size(), comm.get_rank()
+        if world_size != self.world_size:
+            raise ValueError(
+                f"the partition set has {self.world_size} parts but the "
+                f"world size is {world_size}: launch exactly one worker per "
+                f"part (torchrun --nproc-per-node {self.world_size})")
+        if rank != self.rank:
+            raise ValueError(f"rank {rank} was given partition {self.rank}; "
+                             f"load partition {rank} on rank {rank}")
+        mine = (str(part.fingerprint), self.world_size, int(part.num_nodes),
+                int(part.num_edges))
+        everyone = comm.all_gather_object(mine)
+        for other_rank, other in enumerate(everyone):
+            if other != mine:
+                raise ValueError(
+                    f"rank {self.rank} and rank {other_rank} loaded "
+                    f"different partitionings (fingerprint/parts/nodes/"
+                    f"edges {mine} vs {other}); every rank must load a part "
+                    f"of the same partition directory")
+
+    def _build_plan(self, src_global: Tensor, dst: Tensor) -> None:
+        p, P = self.rank, self.world_size
+        owner = torch.searchsorted(self.node_ptr, src_global, right=True) - 1
+        # A stable sort by owner keeps every block sorted by destination.
+        order = torch.argsort(owner, stable=True)
+        counts = torch.bincount(owner, minlength=P).tolist()
+        self.recv_ids: Dict[int, Tensor] = {}
+        self._block_edges: Dict[int, Tuple[Tensor, Tensor, Tensor]] = {}
+        start = 0
+        for q in range(P):
+            sel = order[start:start + counts[q]]
+            start += counts[q]
+            if q == p:
+                self._block_edges[q] = (src_global[sel] - self.node_offset,
+                                        dst[sel], sel)
+                continue
+            if counts[q] == 0:
+                continue
+            local_on_q = src_global[sel] - self.node_ptr[q]
+            need, compact = torch.unique(local_on_q, return_inverse=True)
+            self.recv_ids[q] = need
+            self._block_edges[q] = (compact, dst[sel], sel)
+        requests = [self.recv_ids.get(q, torch.empty(0, dtype=torch.long))
+                    for q in range(P)]
+        replies = comm.all_to_all_v(requests)
+        self.send_ids: Dict[int, Tensor] = {
+            q: replies[q] for q in range(P)
+            if q != p and replies[q].numel() > 0
+        }
+        self._make_blocks()
+
+    def _make_blocks(self) -> None:
+        p, P = self.rank, self.world_size
+        self.blocks: List[EdgeBlock] = []
+        for q in [p] + [(p - r) % P for r in range(1, P)]:
+            if q not in self._block_edges:
+                continue
+            src, dst, pos = self._block_edges[q]
+            num_src = self.num_nodes if q == p else int(
+                self.recv_ids[q].numel())
+            self.blocks.append(EdgeBlock(
+                q, num_src,
+                _make_chunks(src, dst, pos, self.chunk_size, self.num_nodes)))
+        self._merged: Optional[EdgeBlock] = None
+
+    # Queries #################################################################
+
+    @property
+    def local_block(self) -> EdgeBlock:
+        return self.blocks[0]
+
+    def remote_block(self, peer: int) -> Optional[EdgeBlock]:
+        for block in self.blocks[1:]:
+            if block.peer == peer:
+                return block
+        return None
+
+    def merged_block(self) -> EdgeBlock:
+        """All edges as one block over the table ``[local rows; halo rows of
+        each remote block in ring order]`` (the ``one_shot`` layout)."""
+        if self._merged is None:
+            srcs, dsts, poss = [], [], []
+            offset = 0
+            for block in self.blocks:
+                for chunk in block.chunks:
+                    srcs.append(chunk.src + offset)
+                    dsts.append(chunk.dst)
+                    poss.append(chunk.edge_pos)
+                offset += block.num_src
+            src, dst, pos = torch.cat(srcs), torch.cat(dsts), torch.cat(poss)
+            order = torch.argsort(dst, stable=True)
+            self._merged = EdgeBlock(
+                self.rank, offset,
+                _make_chunks(src[order], dst[order], pos[order],
+                             self.chunk_size, self.num_nodes))
+        return self._merged
+
+    @property
+    def num_halo_nodes(self) -> int:
+        """Remote source nodes this worker reads (the halo)."""
+        return sum(int(v.numel()) for v in self.recv_ids.values())
+
+    def halo_bytes(self, num_features: int, itemsize: int = 4) -> int:
+        """Lower bound of bytes received by one forward pass of a layer with
+        ``num_features`` features per node."""
+        return self.num_halo_nodes * num_features * itemsize
+
+    def edge_dst(self) -> Tensor:
+        """Local destination id of every edge, in base edge order."""
+        return self._dst
+
+    def edge_index(self) -> Tensor:
+        """This worker's in-edges as ``[2, E]`` global ``(src, dst)`` ids."""
+        return torch.stack([self._src_global, self._dst + self.node_offset])
+
+    def source_values(self, node_values: Tensor,
+                      cache_key: Optional[str] = None) -> List[Tensor]:
+        """Rows of a per-node tensor at each block's sources, one tensor per
+        block (no gradient). Used for source-side normalizations such as
+        GCN's ``deg_j``; ``cache_key`` keeps the result for later calls."""
+        if cache_key is not None and cache_key in self._source_cache:
+            return self._source_cache[cache_key]
+        node_values = node_values.detach()
+        sends = {q: [node_values[ids]] for q, ids in self.send_ids.items()}
+        shapes = {q: [((int(ids.numel()), *node_values.shape[1:]),
+                       node_values.dtype)]
+                  for q, ids in self.recv_ids.items()}
+        received = comm.post_exchange(sends, shapes,
+                                      node_values.device).wait()
+        out = [node_values if b.peer == self.rank else received[b.peer][0]
+               for b in self.blocks]
+        if cache_key is not None:
+            self._source_cache[cache_key] = out
+        return out
+
+    def global_in_degree_of_sources(self) -> List[Tensor]:
+        """In-degree of every block's source nodes (fetched once, cached)."""
+        return self.source_values(self.in_degree, cache_key='in_degree')
+
+    # Self-loop view ###########################################################
+
+    def with_self_loops(self) -> 'DistGraph':
+        """A view whose local block has every existing self loop removed and
+        exactly one self loop per node appended, as PyG's ``GATConv`` and
+        ``GCNConv`` see the graph. The edge order of the view is the base
+        order without self loops, followed by one loop per node in node order
+        (PyG's layout); :attr:`base_edge_pos` maps view edges back (``-1``
+        for added loops) and :attr:`loop_source_pos` gives, per node, the
+        base position of its existing self loop or ``-1``.
+        """
+        if 'loops' not in self._views:
+            self._views['loops'] = self._make_loop_view()
+        return self._views['loops']
+
+    def _make_loop_view(self) -> 'DistGraph':
+        view = object.__new__(DistGraph)
+        view.__dict__.update(self.__dict__)
+        view._views, view._source_cache, view.derived = {}, {}, {}
+        src_local, dst, pos = self._block_edges[self.rank]
+        is_loop = src_local == dst
+        base_pos = torch.arange(self.num_edges)
+        keep_base = torch.ones(self.num_edges, dtype=torch.bool)
+        keep_base[pos[is_loop]] = False
+        kept = base_pos[keep_base]
+        # Positions in the view: kept base edges first, then N loops.
+        new_pos_of_base = torch.full((self.num_edges, ), -1, dtype=torch.long)
+        new_pos_of_base[kept] = torch.arange(kept.numel())
+        view.base_edge_pos = torch.cat(
+            [kept, torch.full((self.num_nodes, ), -1, dtype=torch.long)])
+        loop_source = torch.full((self.num_nodes, ), -1, dtype=torch.long)
+        # For duplicated loops PyG keeps the last one; so does this scatter.
+        loop_source[dst[is_loop]] = pos[is_loop]
+        view.loop_source_pos = loop_source
+        view.num_edges = int(kept.numel()) + self.num_nodes
+        view.in_degree = self.in_degree - torch.bincount(
+            dst[is_loop], minlength=self.num_nodes) + 1
+        nodes = torch.arange(self.num_nodes)
+        loop_pos = kept.numel() + nodes
+        l_src = torch.cat([src_local[~is_loop], nodes])
+        l_dst = torch.cat([dst[~is_loop], nodes])
+        l_pos = torch.cat([new_pos_of_base[pos[~is_loop]], loop_pos])
+        order = torch.argsort(l_dst, stable=True)
+        view._block_edges = dict(self._block_edges)
+        view._block_edges[self.rank] = (l_src[order], l_dst[order],
+                                        l_pos[order])
+        for q, (src, d, pos_q) in self._block_edges.items():
+            if q != self.rank:
+                view._block_edges[q] = (src, d, new_pos_of_base[pos_q])
+        view._make_blocks()
+        return view
+
+    def expand_edge_values(self, values: Optional[Tensor],
+                           fill_value: float = 1.0,
+                           keep_existing_loops: bool = False) -> Optional[Tensor]:
+        """Maps an edge tensor in base order onto this self-loop view.
+
+        Added loops get ``fill_value``, or, with ``keep_existing_loops``,
+        the value of the node's existing self loop where it had one (PyG's
+        ``add_remaining_self_loops``).
+        """
+        if values is None or not hasattr(self, 'base_edge_pos'):
+            return values
+        num_kept = self.num_edges - self.num_nodes
+        kept = values[self.base_edge_pos[:num_kept]]
+        if isinstance(fill_value, Tensor):
+            loops = fill_value.to(values.dtype).expand(
+                self.num_nodes, *values.shape[1:]).clone()
+        else:
+            loops = values.new_full((self.num_nodes, *values.shape[1:]),
+                                    fill_value)
+        if keep_existing_loops:
+            has = self.loop_source_pos >= 0
+            loops[has] = values[self.loop_source_pos[has]]
+        return torch.cat([kept, loops])
+
+    def __repr__(self) -> str:
+        return (f"DistGraph(rank={self.rank}/{self.world_size}, "
+                f"nodes={self.num_nodes}, edges={self.num_edges}, "
+                f"halo={self.num_halo_nodes}, mode={self.mode!r}, "
+                f"chunk_size={self.chunk_size})")

@@ -1,0 +1,15 @@
+"""Distributed layers: PyG-compatible convolutions over a ``DistGraph``."""
+from pyg_sar.nn.message_passing import DistMessagePassing
+from pyg_sar.nn.sage_conv import SAGEConv
+from pyg_sar.nn.gcn_conv import GCNConv
+from pyg_sar.nn.graph_conv import GraphConv
+from pyg_sar.nn.gin_conv import GINConv
+from pyg_sar.nn.gat_conv import GATConv
+from pyg_sar.nn.gatv2_conv import GATv2Conv
+from pyg_sar.nn.batch_norm import BatchNorm
+from pyg_sar.nn.convert import to_distributed
+
+__all__ = [
+    'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
+    'GATConv', 'GATv2Conv', 'BatchNorm', 'to_distributed'
+]

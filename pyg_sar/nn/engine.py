@@ -1,0 +1,765 @@
+"""The SAR engine: one ``torch.autograd.Function`` for every mode and layer.
+
+A layer's propagation visits the edge blocks of its :class:`DistGraph` one
+source partition at a time (ring order: in round ``r`` a worker sends its rows
+to ``rank + r`` and receives from ``rank - r``), aggregates each block into a
+running result, and frees the fetched rows. Three kinds of aggregation:
+
+* ``sum`` / ``mean`` / ``max`` / ``min`` of PyG messages, exact across blocks
+  (max/min keep per-destination tie counts so the gradient is split exactly as
+  ``torch.scatter_reduce`` splits it);
+* a softmax over all in-edges of a destination, computed online (running max
+  and sum per destination and head, rescaled as blocks arrive);
+* a linear fast path for messages ``w_e * x_j``: sparse matrix products both
+  ways, so neither forward nor backward materializes ``[E, F]`` messages and
+  the backward sends ``A^T g`` without re-fetching anything.
+
+Backward, per mode: ``"sar"`` re-fetches each block and recomputes it,
+``"sa"`` reuses the per-block autograd graph kept in forward, and
+``"one_shot"`` recomputes from the halo table of its single exchange.
+Gradients of remote source rows go back to their owners, which sum what all
+peers send.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, \
+    Tuple
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from pyg_sar import comm
+from pyg_sar.graph import DistGraph, EdgeBlock, EdgeChunk
+
+SUPPORTED_AGGRS = ('sum', 'mean', 'max', 'min')
+# CSR products are the point of the linear path; their beta notice is noise.
+warnings.filterwarnings('ignore', '.*Sparse CSR tensor support is in beta.*')
+warnings.filterwarnings('ignore', '.*Sparse invariant checks are implicitly.*')
+_SPECIAL_ARGS = ('index', 'dim_size', 'size_i', 'ptr')
+# PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
+_SOFTMAX_EPS = 1e-16
+# Message channels: a re-fetch and a gradient send-back between the same two
+# ranks can be in flight together.
+_FETCH_TAG, _GRAD_TAG = 11, 12
+
+
+@dataclass
+class _Signature:
+    """Which arguments a layer's message (and attention score) reads."""
+    j_names: List[str]                 # ``x`` for an argument ``x_j``
+    i_names: List[str]
+    params: Dict[str, List[str]]       # method name -> its parameter names
+    defaults: Dict[str, Any]
+
+
+_SIGNATURES: Dict[type, _Signature] = {}
+
+
+def _signature(module) -> _Signature:
+    cls = type(module)
+    if cls not in _SIGNATURES:
+        methods = ['message'] + (['edge_score'] if module.attention else [])
+        params, defaults = {}, {}
+        j_names, i_names = [], []
+        for method in methods:
+            sig = inspect.signature(getattr(module, method))
+            params[method] = [
+                name for name, p in sig.parameters.items()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            for name in params[method]:
+                default = sig.parameters[name].default
+                if default is not inspect.Parameter.empty:
+                    defaults[name] = default
+                if name.endswith('_j') and name[:-2] not in j_names:
+                    j_names.append(name[:-2])
+                elif name.endswith('_i') and name[:-2] not in i_names:
+                    i_names.append(name[:-2])
+        if not j_names:
+            raise TypeError(f"{cls.__name__}.message() reads no *_j argument;"
+                            f" nothing would flow along the edges")
+        _SIGNATURES[cls] = _Signature(j_names, i_names, params, defaults)
+    return _SIGNATURES[cls]
+
+
+@dataclass
+class _Plan:
+    """Everything one propagation needs besides its differentiable inputs,
+    which the Function receives as a flat list and the plan names by slot."""
+    module: Any
+    graph: DistGraph
+    aggr: str
+    sig: _Signature
+    src_slots: Dict[str, int]
+    dst_slots: Dict[str, int]
+    edge_slots: Dict[str, int]
+    param_slots: List[int]
+    constants: Dict[str, Any]
+    kind: str = 'general'          # 'general' | 'linear' | 'spmm' | 'attention'
+    linear_weight: Optional[Tensor] = None
+    dropout: float = 0.0
+    seed: int = 0
+
+
+def _classify_aggr(module) -> str:
+    aggr = module.aggr
+    if isinstance(aggr, str):
+        aggr = 'sum' if aggr == 'add' else aggr
+        if aggr in SUPPORTED_AGGRS:
+            return aggr
+    raise ValueError(f"{type(module).__name__}: aggr={aggr!r} is not "
+                     f"supported by DistMessagePassing; use one of "
+                     f"{SUPPORTED_AGGRS}")
+
+
+def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
+    """Runs one distributed propagation of ``module`` over ``graph``."""
+    if not isinstance(graph, DistGraph):
+        raise TypeError(f"{type(module).__name__}.propagate expects a "
+                        f"pyg_sar.DistGraph as first argument (got "
+                        f"{type(graph).__name__}); build one with "
+                        f"pyg_sar.DistGraph(part)")
+    sig = _signature(module)
+    aggr = 'sum' if module.attention else _classify_aggr(module)
+
+    tensors: List[Tensor] = []
+    slot_of: Dict[int, int] = {}
+
+    def slot(t: Tensor) -> int:
+        if id(t) not in slot_of:
+            slot_of[id(t)] = len(tensors)
+            tensors.append(t)
+        return slot_of[id(t)]
+
+    src_slots, dst_slots, edge_slots, constants = {}, {}, {}, {}
+    for name in sig.j_names + sig.i_names:
+        if name not in kwargs:
+            raise TypeError(f"{type(module).__name__}.propagate() is missing "
+                            f"argument {name!r} (read as {name}_j/{name}_i)")
+        value = kwargs[name]
+        src_val, dst_val = (value if isinstance(value, (tuple, list))
+                            else (value, value))
+        if name in sig.j_names:
+            _check_node_tensor(module, name, src_val, graph)
+            src_slots[name] = slot(src_val)
+        if name in sig.i_names:
+            _check_node_tensor(module, name, dst_val, graph)
+            dst_slots[name] = slot(dst_val)
+    for name in {n for names in sig.params.values() for n in names}:
+        if name.endswith(('_i', '_j')) or name in _SPECIAL_ARGS:
+            continue
+        if name in kwargs:
+            value = kwargs[name]
+        elif name in sig.defaults:
+            value = sig.defaults[name]
+        else:
+            raise TypeError(f"{type(module).__name__}.propagate() is missing "
+                            f"argument {name!r} required by message()")
+        if isinstance(value, Tensor) and name.startswith('edge_'):
+            if value.shape[0] != graph.num_edges:
+                raise ValueError(
+                    f"edge-level argument {name!r} has {value.shape[0]} rows "
+                    f"but the graph has {graph.num_edges} edges")
+            edge_slots[name] = slot(value)
+        else:
+            constants[name] = value
+
+    plan = _Plan(module, graph, aggr, sig, src_slots, dst_slots, edge_slots,
+                 [], constants)
+    if module.attention:
+        plan.kind = 'attention'
+        plan.dropout = float(module.attention_dropout) \
+            if module.training else 0.0
+        if plan.dropout > 0:
+            plan.seed = int(torch.randint(0, 2**62, (1, )))
+    elif module.linear_message and aggr in ('sum', 'mean'):
+        plan.kind = 'linear'
+        wanted = inspect.signature(module.message_weight).parameters
+        weight = module.message_weight(**{k: kwargs.get(k) for k in wanted})
+        if weight is not NotImplemented:
+            if len(src_slots) != 1:
+                raise ValueError(f"{type(module).__name__}.message_weight "
+                                 f"needs a message with exactly one *_j "
+                                 f"argument")
+            if isinstance(weight, Tensor) and weight.requires_grad:
+                raise ValueError(
+                    f"{type(module).__name__}.message_weight returned a "
+                    f"tensor that requires grad; linear messages need fixed "
+                    f"coefficients (set linear_message = False)")
+            plan.kind, plan.linear_weight = 'spmm', weight
+    if plan.kind in ('general', 'attention'):
+        plan.param_slots = [slot(p) for p in _message_parameters(module)]
+    elif any(tensors[s].requires_grad
+             for s in list(dst_slots.values()) + list(edge_slots.values())
+             if s not in src_slots.values()) and plan.kind == 'spmm':
+        raise ValueError(f"{type(module).__name__}: the sparse linear path "
+                         f"cannot differentiate *_i or edge arguments")
+    return SARFunction.apply(plan, *tensors)
+
+
+def _check_node_tensor(module, name: str, value, graph: DistGraph) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{type(module).__name__}: argument {name!r} must be "
+                        f"a tensor of node features (got "
+                        f"{type(value).__name__})")
+    if value.shape[0] != graph.num_nodes:
+        raise ValueError(f"{type(module).__name__}: argument {name!r} has "
+                         f"{value.shape[0]} rows but this worker owns "
+                         f"{graph.num_nodes} nodes; pass features of the "
+                         f"local nodes only")
+
+
+def _message_parameters(module) -> List[Tensor]:
+    names = module.message_parameters
+    if names is None:
+        return [p for p in module.parameters() if p.requires_grad]
+    named = dict(module.named_parameters())
+    missing = [n for n in names if n not in named and not _is_unset(module, n)]
+    if missing:
+        raise ValueError(f"{type(module).__name__}.message_parameters names "
+                         f"{missing}, which are not parameters of the module")
+    return [named[n] for n in names if n in named and named[n].requires_grad]
+
+
+def _is_unset(module, dotted: str) -> bool:
+    """An optional parameter (or its submodule) registered as ``None``."""
+    obj = module
+    for part in dotted.split('.'):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return True
+    return False
+
+
+def _per_row(vector: Tensor, like: Tensor) -> Tensor:
+    return vector.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+# The autograd function ########################################################
+
+class SARFunction(torch.autograd.Function):
+    """Forward and backward of one propagation, for every mode and layer.
+
+    Inputs: the plan, then the tensors it names by slot (source features,
+    destination features, edge tensors, and the parameters its message
+    reads). Output: the aggregated messages of the local nodes.
+    """
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
+        runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
+        ctx.runner = runner
+        return runner.forward()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        runner: _Runner = ctx.runner
+        ctx.runner = None
+        return (None, *runner.backward(grad_out.contiguous()))
+
+
+class _Runner:
+    """One propagation: its forward, the state it keeps, its backward."""
+
+    def __init__(self, plan: _Plan, tensors: Sequence[Tensor],
+                 needs_grad: Sequence[bool]) -> None:
+        self.plan = plan
+        self.graph = plan.graph
+        self.mode = plan.graph.mode
+        self.module = plan.module
+        self.params = {s: tensors[s] for s in plan.param_slots}
+        self.tensors = [t.detach() for t in tensors]
+        self.needs_grad = list(needs_grad)
+        self.src_names = list(plan.src_slots)
+        self.sources = [self.tensors[s] for s in plan.src_slots.values()]
+        self.state: Dict[str, Any] = {}
+        self.any_src_grad = any(self.needs_grad[s]
+                                for s in plan.src_slots.values())
+
+    # Ring exchange ###########################################################
+
+    def _rounds(self) -> List[int]:
+        """Ring rounds in which this worker sends or receives anything; the
+        peers of a round agree on it, so empty rounds cost nothing."""
+        g = self.graph
+        P = g.world_size
+        return [r for r in range(1, P)
+                if (g.rank - r) % P in g.recv_ids
+                or (g.rank + r) % P in g.send_ids]
+
+    def _post_fetch(self, rnd: int):
+        g, sources = self.graph, self.sources
+        to, frm = (g.rank + rnd) % g.world_size, (g.rank - rnd) % g.world_size
+        sends = ({to: [t[g.send_ids[to]] for t in sources]}
+                 if to in g.send_ids else {})
+        shapes = ({frm: [((int(g.recv_ids[frm].numel()), *t.shape[1:]),
+                          t.dtype) for t in sources]}
+                  if frm in g.recv_ids else {})
+        return frm, comm.post_exchange(sends, shapes, sources[0].device,
+                                       _FETCH_TAG)
+
+    def _fetched_rounds(self) -> Iterator[Tuple[int, Optional[EdgeBlock],
+                                                Optional[List[Tensor]]]]:
+        """Yields ``(round, block, tables)`` for every active ring round, with
+        ``pipeline_depth`` rounds posted ahead; ``block`` is ``None`` in a
+        round where this worker only sends."""
+        rounds = self._rounds()
+        depth = comm.config().pipeline_depth + 1
+        pending: Dict[int, Any] = {}
+        for k, rnd in enumerate(rounds):
+            for ahead in rounds[k:k + depth]:
+                if ahead not in pending:
+                    pending[ahead] = self._post_fetch(ahead)
+            frm, work = pending.pop(rnd)
+            received = work.wait()
+            block = self.graph.remote_block(frm)
+            yield rnd, block, (received[frm] if block is not None else None)
+
+    def _halo_tables(self) -> List[Tensor]:
+        """``one_shot``: all remote rows in one exchange, stacked after the
+        local rows in block order."""
+        g, sources = self.graph, self.sources
+        sends = {q: [t[ids] for t in sources] for q, ids in g.send_ids.items()}
+        shapes = {q: [((int(ids.numel()), *t.shape[1:]), t.dtype)
+                      for t in sources] for q, ids in g.recv_ids.items()}
+        received = comm.post_exchange(sends, shapes, sources[0].device,
+                                      _FETCH_TAG).wait()
+        return [torch.cat([sources[k]] +
+                          [received[b.peer][k] for b in g.blocks[1:]])
+                for k in range(len(sources))]
+
+    def _blocks(self) -> Iterator[Tuple[EdgeBlock, List[Tensor]]]:
+        """Every block with its source tables: one merged block for
+        ``one_shot``, else the local block and then the ring."""
+        if self.mode == 'one_shot':
+            tables = self._halo_tables()
+            if self.plan.kind in ('general', 'attention'):
+                self.state['halo'] = tables  # recomputed from in backward
+            yield self.graph.merged_block(), tables
+            return
+        yield self.graph.local_block, self.sources
+        for _, block, tables in self._fetched_rounds():
+            if block is not None:
+                yield block, tables
+
+    # Forward #################################################################
+
+    def forward(self) -> Tensor:
+        kind = self.plan.kind
+        if kind == 'spmm':
+            return self._forward_spmm()
+        if kind == 'attention':
+            return self._forward_attention()
+        return self._forward_reduce()
+
+    def _keeps_graph(self) -> bool:
+        return self.mode == 'sa' and self.plan.kind != 'linear' and \
+            any(self.needs_grad)
+
+    def _leaf(self, t: Tensor, slot_idx: int, leaves: bool) -> Tensor:
+        if leaves and self.needs_grad[slot_idx]:
+            return t.detach().requires_grad_()
+        return t
+
+    def _node_edge_inputs(self, leaves: bool):
+        """Destination and edge tensors by name; with ``leaves``, fresh
+        autograd leaves (by slot in ``made``) where a gradient is needed."""
+        plan = self.plan
+        made: Dict[int, Tensor] = {}
+        for s in list(plan.dst_slots.values()) + list(
+                plan.edge_slots.values()):
+            if s not in made:
+                made[s] = self._leaf(self.tensors[s], s, leaves)
+        dsts = {n: made[s] for n, s in plan.dst_slots.items()}
+        edges = {n: made[s] for n, s in plan.edge_slots.items()}
+        return dsts, edges, made
+
+    def _named_tables(self, tables: List[Tensor], leaves: bool
+                      ) -> Dict[str, Tensor]:
+        return {n: self._leaf(t, self.plan.src_slots[n], leaves)
+                for n, t in zip(self.src_names, tables)}
+
+    def _chunk_args(self, method: str, chunk: EdgeChunk,
+                    tables: Dict[str, Tensor], dsts: Dict[str, Tensor],
+                    edges: Dict[str, Tensor]) -> Dict[str, Any]:
+        plan = self.plan
+        args = {}
+        for name in plan.sig.params[method]:
+            base = name[:-2]
+            if name.endswith('_j') and base in tables:
+                args[name] = tables[base].index_select(0, chunk.src)
+            elif name.endswith('_i') and base in dsts:
+                args[name] = dsts[base].index_select(0, chunk.dst)
+            elif name in edges:
+                args[name] = edges[name].index_select(0, chunk.edge_pos)
+            elif name == 'index':
+                args[name] = chunk.dst
+            elif name in ('dim_size', 'size_i'):
+                args[name] = self.graph.num_nodes
+            elif name == 'ptr':
+                args[name] = None
+            elif name in plan.constants:
+                args[name] = plan.constants[name]
+        return args
+
+    def _compute(self, chunk, tables, dsts, edges, grad: bool
+                 ) -> Tuple[Tensor, ...]:
+        """The chunk's messages, or ``(scores, values)`` for attention."""
+        module = self.module
+        with torch.set_grad_enabled(grad):
+            if self.plan.kind == 'attention':
+                return (module.edge_score(**self._chunk_args(
+                    'edge_score', chunk, tables, dsts, edges)),
+                        module.message(**self._chunk_args(
+                            'message', chunk, tables, dsts, edges)))
+            return (module.message(**self._chunk_args(
+                'message', chunk, tables, dsts, edges)), )
+
+    def _forward_reduce(self) -> Tensor:
+        """sum / mean / max / min of general messages."""
+        g = self.graph
+        keep = self._keeps_graph()
+        dsts, edges, made = self._node_edge_inputs(leaves=keep)
+        out = count = None
+        kept = []
+        for block, tables in self._blocks():
+            named = self._named_tables(tables, leaves=keep)
+            for c_idx, chunk in enumerate(block.chunks):
+                msg, = self._compute(chunk, named, dsts, edges, grad=keep)
+                if out is None:
+                    out, count = self._init_reduce(msg)
+                if chunk.num_edges == 0:
+                    continue
+                if keep:
+                    kept.append((block.peer, chunk, c_idx, named, (msg, )))
+                self._combine(out, count, msg.detach(), chunk)
+        if self.plan.aggr == 'mean':
+            out = out / _per_row(g.in_degree.clamp(min=1), out)
+        elif count is not None:
+            out = torch.where(count > 0, out, torch.zeros_like(out))
+        self.state.update(out=out, count=count, kept=kept, made=made)
+        return out
+
+    def _init_reduce(self, msg: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+        shape = (self.graph.num_nodes, *msg.shape[1:])
+        if self.plan.aggr in ('sum', 'mean'):
+            return msg.new_zeros(shape), None
+        fill = float('-inf') if self.plan.aggr == 'max' else float('inf')
+        return msg.new_full(shape, fill), msg.new_zeros(shape)
+
+    def _combine(self, out: Tensor, count: Optional[Tensor], msg: Tensor,
+                 chunk: EdgeChunk) -> None:
+        if count is None:
+            out.index_add_(0, chunk.dst, msg)
+            return
+        lo, hi = chunk.row_start, chunk.row_end
+        idx = _per_row(chunk.dst - lo, msg).long().expand_as(msg)
+        reduce = 'amax' if self.plan.aggr == 'max' else 'amin'
+        before = out[lo:hi]
+        best = before.clone().scatter_reduce_(0, idx, msg, reduce,
+                                              include_self=True)
+        hits = (msg == best.gather(0, idx)).to(msg.dtype)
+        chunk_count = torch.zeros_like(before).scatter_add_(0, idx, hits)
+        count[lo:hi] = torch.where(best != before, chunk_count,
+                                   count[lo:hi] + chunk_count)
+        out[lo:hi] = best
+
+    def _spmm_values(self, chunk: EdgeChunk, like: Tensor,
+                     perm: Optional[Tensor] = None) -> Tensor:
+        weight = self.plan.linear_weight
+        if weight is None:
+            return like.new_ones(chunk.num_edges)
+        values = weight.index_select(0, chunk.edge_pos).to(like.dtype)
+        return values if perm is None else values[perm]
+
+    def _forward_spmm(self) -> Tensor:
+        """Linear messages ``w_e * x_j``: one sparse product per chunk."""
+        g = self.graph
+        out = None
+        for block, tables in self._blocks():
+            x = tables[0]
+            if out is None:
+                out = x.new_zeros((g.num_nodes, *x.shape[1:]))
+            flat = x.reshape(x.shape[0], -1)
+            for chunk in block.chunks:
+                if chunk.num_edges == 0:
+                    continue
+                crow, col = chunk.csr()
+                adj = torch.sparse_csr_tensor(
+                    crow, col, self._spmm_values(chunk, x),
+                    (chunk.row_end - chunk.row_start, block.num_src))
+                out[chunk.row_start:chunk.row_end] += (adj @ flat).view(
+                    -1, *x.shape[1:])
+        if self.plan.aggr == 'mean':
+            out = out / _per_row(g.in_degree.clamp(min=1), out)
+        return out
+
+    def _forward_attention(self) -> Tensor:
+        """Online softmax over all in-edges of each destination and head."""
+        g = self.graph
+        keep = self._keeps_graph()
+        dsts, edges, made = self._node_edge_inputs(leaves=keep)
+        run_max = run_sum = out = None
+        kept = []
+        for block, tables in self._blocks():
+            named = self._named_tables(tables, leaves=keep)
+            for c_idx, chunk in enumerate(block.chunks):
+                score, value = self._compute(chunk, named, dsts, edges,
+                                             grad=keep)
+                if out is None:
+                    run_max = score.new_full((g.num_nodes, *score.shape[1:]),
+                                             float('-inf'))
+                    run_sum = torch.zeros_like(run_max)
+                    out = value.new_zeros((g.num_nodes, *value.shape[1:]))
+                if chunk.num_edges == 0:
+                    continue
+                if keep:
+                    kept.append((block.peer, chunk, c_idx, named,
+                                 (score, value)))
+                score, value = score.detach(), value.detach()
+                lo, hi = chunk.row_start, chunk.row_end
+                rows = chunk.dst - lo
+                idx = rows.view(-1, 1).expand_as(score)
+                old_max = run_max[lo:hi]
+                new_max = old_max.clone().scatter_reduce_(
+                    0, idx, score, 'amax', include_self=True)
+                scale = torch.where(new_max == float('-inf'),
+                                    torch.zeros_like(new_max),
+                                    torch.exp(old_max - new_max))
+                weight = torch.exp(score - new_max.gather(0, idx))
+                run_sum[lo:hi] = run_sum[lo:hi] * scale + torch.zeros_like(
+                    old_max).scatter_add_(0, idx, weight)
+                weight = weight * self._dropout_mask(block.peer, c_idx,
+                                                     weight)
+                part = out[lo:hi] * scale.unsqueeze(-1)
+                part.index_add_(0, rows, weight.unsqueeze(-1) * value)
+                out[lo:hi] = part
+                run_max[lo:hi] = new_max
+        out = out / (run_sum + _SOFTMAX_EPS).unsqueeze(-1)
+        self.state.update(out=out, run_max=run_max, run_sum=run_sum,
+                          kept=kept, made=made)
+        return out
+
+    def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
+        """Attention dropout, replayable: the mask of a chunk depends only on
+        the call's seed and the chunk's position."""
+        p = self.plan.dropout
+        if p <= 0:
+            return 1.0
+        gen = torch.Generator(device=like.device)
+        gen.manual_seed((self.plan.seed * 1000003 + peer * 7919 + c_idx)
+                        % (2**62))
+        keep = torch.rand(like.shape, generator=gen, device=like.device,
+                          dtype=like.dtype) >= p
+        return keep.to(like.dtype) / (1.0 - p)
+
+    # Backward ################################################################
+
+    def backward(self, grad_out: Tensor) -> List[Optional[Tensor]]:
+        g = self.graph
+        if self.plan.aggr == 'mean':
+            grad_out = grad_out / _per_row(g.in_degree.clamp(min=1),
+                                           grad_out)
+        self.grads: List[Optional[Tensor]] = [None] * len(self.tensors)
+        self.src_grads = [torch.zeros_like(t) for t in self.sources]
+        if self.plan.kind == 'spmm':
+            self._route(self._spmm_block_grad(grad_out))
+        else:
+            self._backward_general(grad_out)
+        for name, s in self.plan.src_slots.items():
+            self._add(s, self.src_grads[self.src_names.index(name)])
+        return self.grads
+
+    def _add(self, slot_idx: int, value: Optional[Tensor]) -> None:
+        if value is None or not self.needs_grad[slot_idx]:
+            return
+        current = self.grads[slot_idx]
+        self.grads[slot_idx] = value if current is None else current + value
+
+    def _post_grads(self, sends: Dict[int, List[Tensor]],
+                    from_peers: Sequence[int]):
+        if not self.any_src_grad:  # every rank runs the same model
+            sends, from_peers = {}, []
+        g = self.graph
+        shapes = {q: [((int(g.send_ids[q].numel()), *t.shape[1:]), t.dtype)
+                      for t in self.sources] for q in from_peers}
+        return comm.post_exchange(sends, shapes, self.sources[0].device,
+                                  _GRAD_TAG)
+
+    def _receive_grads(self, pending) -> None:
+        received = pending.wait()
+        for frm, rows in received.items():
+            ids = self.graph.send_ids[frm]
+            for k, r in enumerate(rows):
+                self.src_grads[k].index_add_(0, ids, r)
+
+    def _route(self, block_grad: Callable[[EdgeBlock, Optional[List[Tensor]]],
+                                          List[Tensor]],
+               refetch: bool = False) -> None:
+        """Computes every block's source-row gradients with ``block_grad``
+        and routes them: local rows directly, remote rows back to their owner
+        (in round ``r`` to ``rank - r``, while ``rank + r`` sends mine).
+        With ``refetch``, each round first fetches the block's source rows
+        again (``sar``)."""
+        g = self.graph
+        if self.mode == 'one_shot':
+            merged = g.merged_block()
+            table_grads = block_grad(merged, self.state.get('halo'))
+            for k, tg in enumerate(table_grads):
+                self.src_grads[k] += tg[:g.num_nodes]
+            sends, offset = {}, g.num_nodes
+            for block in g.blocks[1:]:
+                sends[block.peer] = [tg[offset:offset + block.num_src]
+                                     for tg in table_grads]
+                offset += block.num_src
+            self._receive_grads(self._post_grads(sends, list(g.send_ids)))
+            return
+        for k, tg in enumerate(block_grad(g.local_block, self.sources)):
+            self.src_grads[k] += tg
+        P = g.world_size
+        if refetch:
+            rounds = ((rnd, block, tables)
+                      for rnd, block, tables in self._fetched_rounds())
+        else:
+            rounds = ((rnd, g.remote_block((g.rank - rnd) % P), None)
+                      for rnd in self._rounds())
+        pending = None
+        for rnd, block, tables in rounds:
+            sends = ({block.peer: block_grad(block, tables)}
+                     if block is not None else {})
+            frm = (g.rank + rnd) % P
+            if pending is not None:
+                self._receive_grads(pending)
+            pending = self._post_grads(sends, [frm] if frm in g.send_ids
+                                       else [])
+        if pending is not None:
+            self._receive_grads(pending)
+
+    def _spmm_block_grad(self, grad_out: Tensor):
+        flat_g = grad_out.reshape(grad_out.shape[0], -1)
+        trailing = self.sources[0].shape[1:]
+
+        def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
+            acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
+            for chunk in block.chunks:
+                if chunk.num_edges == 0:
+                    continue
+                crow, col, perm = chunk.csr_transposed(block.num_src)
+                adj_t = torch.sparse_csr_tensor(
+                    crow, col, self._spmm_values(chunk, flat_g, perm),
+                    (block.num_src, chunk.row_end - chunk.row_start))
+                acc += adj_t @ flat_g[chunk.row_start:chunk.row_end]
+            return [acc.view(block.num_src, *trailing)]
+
+        return block_grad
+
+    def _backward_general(self, grad_out: Tensor) -> None:
+        """Recompute (or reuse) each chunk's messages, then backpropagate the
+        analytic gradient of the aggregation through them."""
+        plan = self.plan
+        kept_by_peer: Dict[int, list] = {}
+        if self.mode == 'sa' and plan.kind != 'linear':
+            made = self.state['made']
+            dsts = edges = None
+            for item in self.state['kept']:
+                kept_by_peer.setdefault(item[0], []).append(item[1:])
+        else:
+            dsts, edges, made = self._node_edge_inputs(leaves=True)
+        leaves = [t for t in made.values() if t.requires_grad]
+        params = ([] if plan.kind == 'linear' else
+                  [p for p in self.params.values() if p.requires_grad])
+        leaf_grads: Dict[int, Tensor] = {}
+        param_grads: Dict[int, Tensor] = {}
+        delta = ((grad_out * self.state['out']).sum(-1)
+                 if plan.kind == 'attention' else None)
+
+        def chunk_grads(peer, chunk, c_idx, named, outputs):
+            if outputs is None:
+                outputs = self._compute(chunk, named, dsts, edges, grad=True)
+            with torch.no_grad():
+                if plan.kind == 'attention':
+                    grad_outputs = self._attention_grads(
+                        peer, chunk, c_idx, outputs, grad_out, delta)
+                else:
+                    grad_outputs = (self._reduce_grad(chunk, outputs[0],
+                                                      grad_out), )
+            tables = [named[n] for n in self.src_names
+                      if named[n].requires_grad]
+            targets = tables + leaves + params
+            res = torch.autograd.grad(outputs, targets, grad_outputs,
+                                      allow_unused=True)
+            for store, keys, values in (
+                    (leaf_grads, leaves, res[len(tables):len(tables) +
+                                             len(leaves)]),
+                    (param_grads, params, res[len(tables) + len(leaves):])):
+                for key, value in zip(keys, values):
+                    if value is not None:
+                        k = id(key)
+                        store[k] = value if k not in store else store[k] + value
+            it = iter(res[:len(tables)])
+            return {n: next(it) for n in self.src_names
+                    if named[n].requires_grad}
+
+        def block_grad(block: EdgeBlock, tables: Optional[List[Tensor]]
+                       ) -> List[Tensor]:
+            acc = [torch.zeros((block.num_src, *t.shape[1:]), dtype=t.dtype,
+                               device=t.device) for t in self.sources]
+            if self.mode == 'sa' and plan.kind != 'linear':
+                items = kept_by_peer.get(block.peer, [])
+            else:
+                if plan.kind == 'linear':
+                    # The VJP of a linear message does not depend on the
+                    # source rows: evaluate it at zero, nothing re-fetched.
+                    tables = [torch.zeros_like(a) for a in acc]
+                named = self._named_tables(tables, leaves=True)
+                items = [(chunk, c_idx, named, None)
+                         for c_idx, chunk in enumerate(block.chunks)
+                         if chunk.num_edges > 0]
+            for chunk, c_idx, named, outputs in items:
+                table_grads = chunk_grads(block.peer, chunk, c_idx, named,
+                                          outputs)
+                for k, n in enumerate(self.src_names):
+                    if table_grads.get(n) is not None:
+                        acc[k] += table_grads[n]
+            return acc
+
+        refetch = self.mode == 'sar' and plan.kind != 'linear'
+        self._route(block_grad, refetch=refetch)
+        for s, leaf in made.items():
+            if id(leaf) in leaf_grads:
+                self._add(s, leaf_grads[id(leaf)])
+        for s, p in self.params.items():
+            if id(p) in param_grads:
+                self._add(s, param_grads[id(p)])
+
+    def _reduce_grad(self, chunk: EdgeChunk, msg: Tensor,
+                     grad_out: Tensor) -> Tensor:
+        """d loss / d message. sum and mean (``grad_out`` already divided by
+        the in-degree) pass it through; max and min route it evenly to every
+        message equal to the final value, as ``scatter_reduce`` does."""
+        g_rows = grad_out.index_select(0, chunk.dst)
+        if self.plan.aggr in ('sum', 'mean'):
+            return g_rows
+        out, count = self.state['out'], self.state['count']
+        hit = (msg.detach() == out.index_select(0, chunk.dst)).to(msg.dtype)
+        return g_rows * hit / count.index_select(0, chunk.dst).clamp(min=1)
+
+    def _attention_grads(self, peer: int, chunk: EdgeChunk, c_idx: int,
+                         outputs, grad_out: Tensor, delta: Tensor):
+        """FlashAttention-style gradients of one chunk from the saved
+        per-destination max and sum: ``dv = p z dO`` and
+        ``da = p (z dO.v - D)`` with ``D = dO.out`` and dropout mask ``z``."""
+        score, value = outputs
+        m = self.state['run_max'].index_select(0, chunk.dst)
+        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
+        prob = torch.exp(score.detach() - m) / s
+        mask = self._dropout_mask(peer, c_idx, prob)
+        g_rows = grad_out.index_select(0, chunk.dst)
+        grad_value = (prob * mask).unsqueeze(-1) * g_rows
+        dot = (g_rows * value.detach()).sum(-1)
+        grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
+        return grad_score, grad_value

@@ -1,0 +1,76 @@
+from typing import Tuple, Union
+
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn.dense.linear import Linear
+
+from pyg_sar.graph import DistGraph
+from pyg_sar.nn.message_passing import DistMessagePassing
+
+
+class SAGEConv(DistMessagePassing):
+    r"""The GraphSAGE operator from the `"Inductive Representation Learning on
+    Large Graphs" <https://arxiv.org/abs/1706.02216>`_ paper, over a
+    :class:`~pyg_sar.DistGraph`.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i + \mathbf{W}_2 \cdot
+        \mathrm{aggr}_{j \in \mathcal{N}(i)} \mathbf{x}_j
+
+    Same constructor, parameters and ``state_dict`` as
+    :class:`torch_geometric.nn.SAGEConv`; ``aggr`` is ``"mean"``, ``"sum"``,
+    ``"max"`` or ``"min"``. With ``project=True``, :math:`\mathbf{x}_j` is
+    first mapped by :math:`\sigma(\mathbf{W}_3 \mathbf{x}_j + \mathbf{b})`.
+    Mean and sum run on the engine's sparse linear path; max and min are
+    exact across workers, ties included.
+    """
+    linear_message = True
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]],
+                 out_channels: int, aggr: str = 'mean',
+                 normalize: bool = False, root_weight: bool = True,
+                 project: bool = False, bias: bool = True, **kwargs) -> None:
+        super().__init__(aggr=aggr, **kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.normalize = normalize
+        self.root_weight = root_weight
+        self.project = project
+        if isinstance(in_channels, int):
+            in_channels = (in_channels, in_channels)
+        if project:
+            self.lin = Linear(in_channels[0], in_channels[0], bias=True)
+        self.lin_l = Linear(in_channels[0], out_channels, bias=bias)
+        if root_weight:
+            self.lin_r = Linear(in_channels[1], out_channels, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.project:
+            self.lin.reset_parameters()
+        self.lin_l.reset_parameters()
+        if self.root_weight:
+            self.lin_r.reset_parameters()
+
+    def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]],
+                graph: DistGraph) -> Tensor:
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        if self.project:
+            x_src = self.lin(x_src).relu()
+        out = self.lin_l(self.propagate(graph, x=x_src))
+        if self.root_weight:
+            out = out + self.lin_r(x_dst)
+        if self.normalize:
+            out = F.normalize(out, p=2., dim=-1)
+        return out
+
+    def message(self, x_j: Tensor) -> Tensor:
+        return x_j
+
+    def message_weight(self):
+        return None
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, '
+                f'{self.out_channels}, aggr={self.aggr})')

@@ -1,0 +1,74 @@
+"""Runs a function in N local processes joined by a gloo process group."""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, List
+
+import torch.multiprocessing as mp
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable,
+            args: tuple, out_dir: str, timeout_s: float) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(port))
+    import torch
+    torch.set_num_threads(1)
+    from pyg_sar.comm import init_distributed
+    path = os.path.join(out_dir, f'{rank}.pkl')
+    try:
+        init_distributed(backend='gloo',
+                                 timeout=timedelta(seconds=timeout_s))
+        result = fn(rank, world_size, *args)
+        payload = ('ok', result)
+    except BaseException:  # report every failure to the parent
+        payload = ('error', traceback.format_exc())
+    with open(path, 'wb') as f:
+        pickle.dump(payload, f)
+    import torch.distributed as dist
+    if dist.is_initialized() and payload[0] == 'ok':
+        dist.destroy_process_group()
+
+
+def run_workers(fn: Callable, world_size: int, *args: Any,
+                timeout_s: float = 60.0, expect_errors: bool = False) -> List:
+    """Calls ``fn(rank, world_size, *args)`` in ``world_size`` processes.
+
+    Returns the per-rank results. A worker's exception fails the caller with
+    the worker's traceback, unless ``expect_errors``: then the list holds
+    ``('error', traceback)`` or ``('ok', result)`` per rank.
+    """
+    from pyg_sar.comm import find_free_port
+    port = find_free_port()
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.get_context('spawn')
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn,
+                                                   args, out_dir, timeout_s))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=timeout_s * 4 + 60)
+            if p.is_alive():
+                p.kill()
+        payloads = []
+        for r in range(world_size):
+            path = os.path.join(out_dir, f'{r}.pkl')
+            if not os.path.exists(path):
+                payloads.append(('error', f'rank {r} exited without a result '
+                                 f'(exit code {procs[r].exitcode})'))
+                continue
+            with open(path, 'rb') as f:
+                payloads.append(pickle.load(f))
+    if expect_errors:
+        return payloads
+    errors = [f'--- rank {r} ---\n{p[1]}' for r, p in enumerate(payloads)
+              if p[0] != 'ok']
+    if errors:
+        raise AssertionError('distributed worker failed:\n' +
+                             '\n'.join(errors))
+    return [p[1] for p in payloads]
