@@ -240,4 +240,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    # Under ``python -m pyg_sar.cli`` this file runs as ``__main__``; the
+    # command modules register with the importable ``pyg_sar.cli``.
+    from pyg_sar.cli import main as _package_main
+    sys.exit(_package_main())
