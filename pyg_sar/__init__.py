@@ -14,7 +14,13 @@ _LAZY_ATTRIBUTES = {
     'sync_params': 'pyg_sar.comm',
     'all_reduce_grads': 'pyg_sar.comm',
     'comm_stats': 'pyg_sar.comm',
+    'reset_comm_stats': 'pyg_sar.comm',
+    'global_count': 'pyg_sar.comm',
+    'configure': 'pyg_sar.comm',
+    'PeerError': 'pyg_sar.comm',
     'DistGraph': 'pyg_sar.graph',
+    'nn': 'pyg_sar.nn',
+    'loader': 'pyg_sar.loader',
 }
 
 
@@ -22,7 +28,9 @@ def __getattr__(name: str) -> Any:
     module_name = _LAZY_ATTRIBUTES.get(name)
     if module_name is None:
         raise AttributeError(f"module 'pyg_sar' has no attribute '{name}'")
-    return getattr(importlib.import_module(module_name), name)
+    module = importlib.import_module(module_name)
+    return module if module_name == f'pyg_sar.{name}' else getattr(module,
+                                                                    name)
 
 
 __all__ = [
