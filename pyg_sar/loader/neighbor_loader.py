@@ -1,0 +1,587 @@
+"""A distributed neighbor loader on collectives (no RPC, no compiled code).
+
+Every rank owns one part of a graph partitioned by
+:func:`pyg_sar.partition_graph`: a contiguous range of global node ids, the
+in-edges of those nodes (CSC) and their features. One iteration step is one
+*collective round* in which every rank takes part:
+
+1. ``all_reduce`` of the number of batches each rank still has; when it is
+   zero everywhere, the epoch ends on all ranks at once.
+2. Per hop: the frontier node ids travel to their owners (``all_to_all``),
+   owners sample from their local CSC with the vectorized kernel of
+   :mod:`pyg_sar.loader.sampler` and reply with the sampled
+   ``(count per target, source ids, edge ids)`` (``all_to_all``).
+3. After the last hop, every rank requests the node (and edge) attributes it
+   lacks from their owners, and receives them in one exchange.
+
+A rank whose own batches are finished sends empty requests but keeps
+answering its peers until every rank is done, so ranks may have different
+numbers of batches, or none at all.
+"""
+from __future__ import annotations
+
+import math
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
+
+import torch
+from torch import Tensor
+
+from torch_geometric.data import Data
+
+from pyg_sar import comm
+from pyg_sar.loader.sampler import sample_neighbors
+
+# DataLoader/NeighborLoader keyword arguments that are accepted for drop-in
+# compatibility. The value each must have is checked in `_check_kwargs`.
+_IGNORED_KWARGS = ('pin_memory', 'persistent_workers', 'prefetch_factor',
+                   'filter_per_worker', 'timeout', 'is_sorted')
+
+
+class _Shard:
+    """What the loader needs of one part: ownership, the local CSC and the
+    local node and edge attributes (rows in local / CSC order)."""
+
+    def __init__(self, rank: int, num_parts: int, num_nodes: int,
+                 node_ptr: Tensor, csc_ptr: Tensor, csc_src: Tensor,
+                 csc_eid: Tensor, node_attrs: Dict[str, Tensor],
+                 edge_attrs: Dict[str, Tensor], fingerprint: str) -> None:
+        self.rank = rank
+        self.num_parts = num_parts
+        self.num_nodes = num_nodes
+        self.node_ptr = node_ptr.to(torch.long)
+        self.node_start = int(node_ptr[rank])
+        self.num_local_nodes = int(node_ptr[rank + 1]) - self.node_start
+        self.csc_ptr = csc_ptr.to(torch.long)
+        self.csc_src = csc_src.to(torch.long)
+        self.csc_eid = csc_eid.to(torch.long)
+        self.node_attrs = node_attrs
+        self.edge_attrs = edge_attrs
+        self.fingerprint = fingerprint
+        self._eid_sorted: Optional[Tuple[Tensor, Tensor]] = None
+
+    @classmethod
+    def from_partition(cls, part) -> '_Shard':
+        return cls(int(part.rank), int(part.num_parts), int(part.num_nodes),
+                   part.node_ptr, part.csc_ptr, part.csc_src, part.csc_eid,
+                   dict(part.node_attrs), dict(part.edge_attrs),
+                   str(part.fingerprint))
+
+    @classmethod
+    def from_stores(cls, feature_store, graph_store) -> '_Shard':
+        """Reads a part through PyG's ``LocalFeatureStore`` and
+        ``LocalGraphStore`` (as loaded by their ``from_partition`` from a
+        pyg_sar partition)."""
+        if graph_store.meta.get('is_hetero'):
+            raise ValueError('DistNeighborLoader supports homogeneous graphs '
+                             'only (the stores hold a heterogeneous one)')
+        rank = int(graph_store.partition_idx)
+        num_parts = int(graph_store.num_partitions)
+        node_owner = graph_store.node_pb.to(torch.long)
+        num_nodes = node_owner.numel()
+        if bool((node_owner[1:] < node_owner[:-1]).any()):
+            raise ValueError(
+                'the stores do not come from a pyg_sar partition: nodes are '
+                'not owned in contiguous id ranges (partition the graph with '
+                'pyg_sar.partition_graph)')
+        node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
+        node_ptr[1:] = torch.cumsum(
+            torch.bincount(node_owner, minlength=num_parts), 0)
+        start, end = int(node_ptr[rank]), int(node_ptr[rank + 1])
+
+        edge_attr = graph_store.get_all_edge_attrs()[0]
+        src, dst = graph_store.get_edge_index(edge_attr)
+        eid = graph_store.get_edge_id(edge_attr)
+        order = torch.argsort(dst, stable=True)  # CSC: by destination
+        src, dst, eid = src[order], dst[order], eid[order]
+        if dst.numel() and (int(dst.min()) < start or int(dst.max()) >= end):
+            raise ValueError(f'graph store of part {rank} holds edges into '
+                             f'nodes it does not own')
+        csc_ptr = torch.zeros(end - start + 1, dtype=torch.long)
+        csc_ptr[1:] = torch.cumsum(
+            torch.bincount(dst - start, minlength=end - start), 0)
+
+        global_ids = feature_store.get_global_id(None)
+        if not torch.equal(global_ids.to(torch.long),
+                           torch.arange(start, end)):
+            raise ValueError(f'feature store of part {rank} does not hold '
+                             f'nodes {start}..{end - 1} in order')
+        node_attrs = {}
+        for attr in feature_store.get_all_tensor_attrs():
+            if attr.group_name is None:
+                node_attrs[attr.attr_name] = feature_store.get_tensor(
+                    None, attr.attr_name)
+        fingerprint = f'stores:{num_nodes}:{node_ptr.tolist()}'
+        return cls(rank, num_parts, num_nodes, node_ptr, csc_ptr, src, eid,
+                   node_attrs, {}, fingerprint)
+
+    def owner(self, ids: Tensor) -> Tensor:
+        """The part owning each global node id."""
+        return torch.searchsorted(self.node_ptr, ids, right=True) - 1
+
+    def edge_rows(self, edge_ids: Tensor) -> Tensor:
+        """CSC positions (edge-attribute rows) of local global edge ids."""
+        if self._eid_sorted is None:
+            self._eid_sorted = torch.sort(self.csc_eid)
+        values, positions = self._eid_sorted
+        return positions[torch.searchsorted(values, edge_ids)]
+
+
+def _schema(attrs: Dict[str, Tensor]) -> List[Tuple[str, Tuple[int, ...],
+                                                     str]]:
+    return [(name, tuple(value.shape[1:]), str(value.dtype))
+            for name, value in attrs.items()]
+
+
+class DistNeighborLoader:
+    r"""Mini-batches of sampled neighborhoods of a partitioned graph, drawn
+    collectively by all ranks; a replacement for PyG's
+    :class:`torch_geometric.distributed.DistNeighborLoader` that needs no
+    RPC and no pyg-lib.
+
+    Collective: every rank builds one (with equal :obj:`num_neighbors`,
+    :obj:`replace` and :obj:`pad_batches`) and every rank iterates it, each
+    over its own input nodes. Every batch is a
+    :class:`~torch_geometric.data.Data` laid out like
+    :class:`torch_geometric.loader.NeighborLoader`'s:
+
+    - every node attribute of the graph (``x``, ``y``, masks, ...) with rows
+      in ``n_id`` order, and every edge attribute with rows in ``e_id`` order;
+    - ``edge_index`` in batch-local ids, messages flowing from sampled
+      neighbor (``edge_index[0]``) to target (``edge_index[1]``);
+    - ``n_id``: global (partition) node ids, the ``batch_size`` seeds first,
+      then the nodes new in hop 1, hop 2, ...; ``e_id``: global edge ids;
+    - ``input_id``: the seeds' positions in :obj:`input_nodes`;
+    - ``num_sampled_nodes`` (per hop, seeds first) and ``num_sampled_edges``
+      (per hop).
+
+    Uneven batch counts: a rank whose own batches are finished keeps
+    answering its peers' requests inside its last ``next()`` until every
+    rank is done, then ends the epoch. Never call a collective (e.g.
+    :func:`pyg_sar.comm.all_reduce_grads`) inside a plain loop over the
+    loader: the ranks reach it a different number of times. For training
+    with gradient all-reduce pass :obj:`pad_batches=True`: every rank then
+    yields exactly :attr:`num_global_batches` batches, the ones past its own
+    being empty (``batch_size == 0``, no nodes, no edges), so all ranks run
+    the same number of optimizer steps.
+
+    Args:
+        data (pyg_sar.Partition or (LocalFeatureStore, LocalGraphStore)):
+            This rank's part, from :func:`pyg_sar.load_partition` or PyG's
+            stores loaded with ``from_partition(root, rank)`` from a pyg_sar
+            partition (the stores carry node attributes only).
+        num_neighbors (List[int]): Fanout per hop; ``-1`` takes all
+            in-edges. Each target gets ``min(in_degree, fanout)`` distinct
+            in-edges per hop (``fanout`` when :obj:`replace`).
+        input_nodes (Tensor, optional): Seeds: a boolean mask over the local
+            nodes (e.g. ``part.train_mask``) or global ids owned by this
+            rank, each at most once. ``None``: all local nodes.
+        batch_size (int): Seeds per batch.
+        shuffle (bool): Shuffle the seeds every epoch.
+        drop_last (bool): Drop the last, incomplete batch of this rank.
+        replace (bool): Sample with replacement.
+        seed (int, optional): Seed of shuffling and sampling; with the same
+            seed and world size, epochs are reproduced exactly. ``None``
+            draws one from torch's global generator.
+        transform (Callable[[Data], Data], optional): Applied to every batch.
+        pad_batches (bool): Yield :attr:`num_global_batches` batches on
+            every rank, padding with empty ones (see above).
+        **kwargs: DataLoader/NeighborLoader options accepted for drop-in
+            use: ``num_workers`` (must be 0: sampling is collective and runs
+            in the training process), ``directed`` (must be ``True``),
+            ``disjoint`` (must be ``False``), ``subgraph_type`` (must be
+            ``"directional"``), and ``pin_memory``, ``persistent_workers``,
+            ``prefetch_factor``, ``filter_per_worker``, ``timeout``,
+            ``is_sorted`` (no effect).
+
+    Memory: besides its part, every rank holds an ``int32`` map of
+    ``num_nodes`` global ids (4 bytes per node) that relabels a batch in
+    O(batch) time.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        num_neighbors: Sequence[int],
+        input_nodes: Optional[Tensor] = None,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        replace: bool = False,
+        seed: Optional[int] = None,
+        transform: Optional[Callable[[Data], Data]] = None,
+        pad_batches: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        _check_kwargs(kwargs)
+        self.shard = _to_shard(data)
+        self.num_neighbors = _check_num_neighbors(num_neighbors)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+                or batch_size < 1:
+            raise ValueError(f"'batch_size' must be a positive int (got "
+                             f"{batch_size!r})")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"'transform' must be callable (got "
+                            f"{type(transform).__name__})")
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.replace = bool(replace)
+        self.transform = transform
+        self.pad_batches = bool(pad_batches)
+        self.rank = self.shard.rank
+        self.world_size = self.shard.num_parts
+        self.input_nodes = self._resolve_input_nodes(input_nodes)
+
+        num_seeds = self.input_nodes.numel()
+        self.num_batches = (num_seeds // batch_size if self.drop_last else
+                            math.ceil(num_seeds / batch_size))
+
+        if seed is None:
+            seed = int(torch.randint(2**62, (), dtype=torch.long))
+        self.seed = int(seed)
+        # One stream per rank: it shuffles this rank's seeds and samples the
+        # requests this rank answers, so (seed, world size) fixes everything.
+        self.generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.rank) % (2**63 - 1))
+
+        self.num_global_batches = self._agree_with_peers()
+        # Global id -> batch-local id of the batch being built; -1 = absent.
+        self._local_index = torch.full((self.shard.num_nodes, ), -1,
+                                       dtype=torch.int32)
+        self._epoch_running = False
+
+    # Set-up #################################################################
+
+    def _resolve_input_nodes(self, input_nodes: Optional[Tensor]) -> Tensor:
+        shard = self.shard
+        start, count = shard.node_start, shard.num_local_nodes
+        if input_nodes is None:
+            return torch.arange(start, start + count)
+        if isinstance(input_nodes, (list, tuple)):
+            input_nodes = torch.as_tensor(input_nodes, dtype=torch.long)
+        if not isinstance(input_nodes, Tensor):
+            raise TypeError(f"'input_nodes' must be a boolean mask over the "
+                            f"local nodes or a tensor of global node ids "
+                            f"(got {type(input_nodes).__name__})")
+        if input_nodes.dim() != 1:
+            raise ValueError(f"'input_nodes' must be one-dimensional (got "
+                             f"shape {list(input_nodes.shape)})")
+        if input_nodes.dtype == torch.bool:
+            if input_nodes.numel() != count:
+                raise ValueError(
+                    f"'input_nodes' mask has length {input_nodes.numel()} "
+                    f"but rank {self.rank} owns {count} nodes; pass a mask "
+                    f"over the local nodes (e.g. part.train_mask)")
+            return input_nodes.nonzero().view(-1) + start
+        if input_nodes.is_floating_point() or input_nodes.is_complex():
+            raise TypeError(f"'input_nodes' must be a boolean mask or an "
+                            f"integer tensor of global ids (got "
+                            f"{input_nodes.dtype})")
+        ids = input_nodes.to(torch.long)
+        not_owned = (ids < start) | (ids >= start + count)
+        if bool(not_owned.any()):
+            bad = int(ids[not_owned][0])
+            owner = (f'rank {int(shard.owner(torch.tensor([bad]))[0])}'
+                     if 0 <= bad < shard.num_nodes else 'no rank')
+            raise ValueError(
+                f"'input_nodes' holds {int(not_owned.sum())} global ids not "
+                f"owned by rank {self.rank} (which owns {start}.."
+                f"{start + count - 1}), e.g. {bad}, owned by {owner}; pass "
+                f"every rank only its own nodes")
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("'input_nodes' holds duplicate ids; every seed "
+                             "must appear at most once per epoch")
+        return ids
+
+    def _agree_with_peers(self) -> int:
+        """Checks that all ranks are configured alike (collective) and
+        returns the largest number of batches of any rank."""
+        shard = self.shard
+        world_size, rank = comm.get_world_size(), comm.get_rank()
+        if world_size != shard.num_parts or rank != shard.rank:
+            raise ValueError(
+                f"rank {rank} of {world_size} was given part {shard.rank} of "
+                f"{shard.num_parts}; launch one worker per part and load "
+                f"part r on rank r")
+        config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
+                  self.pad_batches, _schema(shard.node_attrs),
+                  _schema(shard.edge_attrs))
+        everyone = comm.all_gather_object((config, self.num_batches))
+        for other_rank, (other, _) in enumerate(everyone):
+            if other != config:
+                raise ValueError(
+                    f"rank {rank} and rank {other_rank} built "
+                    f"DistNeighborLoaders that disagree on partition, "
+                    f"num_neighbors, replace, pad_batches or attribute "
+                    f"schema: {config} vs {other}")
+        return max(num_batches for _, num_batches in everyone)
+
+    # Iteration ##############################################################
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch."""
+        return self.num_global_batches if self.pad_batches else \
+            self.num_batches
+
+    def __iter__(self) -> Iterator[Data]:
+        if self._epoch_running and self.world_size > 1:
+            raise RuntimeError(
+                'a new epoch was started before the previous one finished on '
+                'this rank; its peers would wait forever. Iterate every epoch '
+                'to the end (no break) on every rank')
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Data]:
+        self._epoch_running = True
+        seeds = self.input_nodes
+        positions = torch.arange(seeds.numel())
+        if self.shuffle:
+            positions = torch.randperm(seeds.numel(),
+                                       generator=self.generator)
+        batches = list(positions.split(self.batch_size))
+        batches = batches[:self.num_batches]
+        round_index = 0
+        while True:
+            own = batches[round_index] if round_index < len(batches) else None
+            remaining = torch.tensor([len(batches) - round_index],
+                                     dtype=torch.long).clamp_(min=0)
+            if int(comm.all_reduce(remaining, 'sum')[0]) == 0:
+                break
+            round_index += 1
+            if own is None:
+                own = positions[:0]
+            batch = self._sample_round(seeds[own], own)
+            if own.numel() > 0 or self.pad_batches:
+                yield self.transform(batch) if self.transform else batch
+        self._epoch_running = False
+
+    # One collective round ###################################################
+
+    def _sample_round(self, seeds: Tensor, input_id: Tensor) -> Data:
+        """Samples the neighborhood of ``seeds`` (possibly none) while
+        serving the peers' requests, and fetches its attributes."""
+        index = self._local_index
+        n_id_parts = [seeds]
+        index[seeds] = torch.arange(seeds.numel(), dtype=torch.int32)
+        num_nodes = seeds.numel()
+        rows, cols, e_ids = [], [], []
+        num_sampled_nodes, num_sampled_edges = [num_nodes], []
+        try:
+            frontier = seeds
+            for fanout in self.num_neighbors:
+                targets, sources, edge_ids = self._exchange_hop(
+                    frontier, fanout)
+                new_nodes = _first_seen_absent(sources, index)
+                index[new_nodes] = torch.arange(
+                    num_nodes, num_nodes + new_nodes.numel(),
+                    dtype=torch.int32)
+                num_nodes += new_nodes.numel()
+                n_id_parts.append(new_nodes)
+                rows.append(index[sources].long())
+                cols.append(index[targets].long())
+                e_ids.append(edge_ids)
+                num_sampled_nodes.append(new_nodes.numel())
+                num_sampled_edges.append(edge_ids.numel())
+                frontier = new_nodes
+        finally:
+            for ids in n_id_parts:  # leave the map clean for the next batch
+                index[ids] = -1
+        n_id = torch.cat(n_id_parts)
+        edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows \
+            else torch.empty(2, 0, dtype=torch.long)
+        e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)
+        edge_owner = self.shard.owner(n_id[edge_index[1]])
+        node_values, edge_values = self._fetch_attributes(
+            n_id, e_id, edge_owner)
+        return Data(edge_index=edge_index, n_id=n_id, e_id=e_id,
+                    input_id=input_id, batch_size=int(seeds.numel()),
+                    num_sampled_nodes=num_sampled_nodes,
+                    num_sampled_edges=num_sampled_edges, **node_values,
+                    **edge_values)
+
+    def _exchange_hop(self, frontier: Tensor,
+                      fanout: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """Sends ``frontier`` to its owners, samples the requests this rank
+        receives, and returns ``(target, source, edge id)`` of the sampled
+        edges, grouped by target in frontier order."""
+        shard, world_size = self.shard, self.world_size
+        owner = shard.owner(frontier)
+        by_owner = torch.argsort(owner, stable=True)
+        requests = frontier[by_owner]
+        request_counts = torch.bincount(owner, minlength=world_size).tolist()
+        received = comm.all_to_all_v(list(requests.split(request_counts)))
+
+        # Serve every peer's requests (own ones included) in one kernel call.
+        received_counts = [r.numel() for r in received]
+        local_targets = torch.cat(received) - shard.node_start
+        counts, positions = sample_neighbors(shard.csc_ptr, local_targets,
+                                             fanout, self.replace,
+                                             self.generator)
+        sources, edge_ids = shard.csc_src[positions], shard.csc_eid[positions]
+        counts_per_peer = counts.split(received_counts)
+        edges_per_peer = [int(c.sum()) for c in counts_per_peer]
+        # One message per peer: [count per request | sources | edge ids].
+        replies = [torch.cat([c, s, e]) for c, s, e in zip(
+            counts_per_peer, sources.split(edges_per_peer),
+            edge_ids.split(edges_per_peer))]
+        answers = comm.all_to_all_v(replies)
+
+        counts, sources, edge_ids = [], [], []
+        for answer, num_requests in zip(answers, request_counts):
+            num_edges = (answer.numel() - num_requests) // 2
+            counts.append(answer[:num_requests])
+            sources.append(answer[num_requests:num_requests + num_edges])
+            edge_ids.append(answer[num_requests + num_edges:])
+        counts = torch.cat(counts)
+        sources, edge_ids = torch.cat(sources), torch.cat(edge_ids)
+        # Answers come in owner order; restore the frontier order (PyG's).
+        frontier_position = torch.repeat_interleave(by_owner, counts)
+        order = torch.argsort(frontier_position, stable=True)
+        targets = torch.repeat_interleave(requests, counts)[order]
+        return targets, sources[order], edge_ids[order]
+
+    def _fetch_attributes(self, n_id: Tensor, e_id: Tensor, edge_owner: Tensor
+                          ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
+        """Gathers the node attribute rows of ``n_id`` and edge attribute
+        rows of ``e_id`` from their owners, in one exchange."""
+        shard, world_size, rank = self.shard, self.world_size, self.rank
+        with_edges = bool(shard.edge_attrs)
+        node_owner = shard.owner(n_id)
+        node_order = torch.argsort(node_owner, stable=True)
+        node_counts = torch.bincount(node_owner,
+                                     minlength=world_size).tolist()
+        node_requests = n_id[node_order].split(node_counts)
+        if with_edges:
+            edge_order = torch.argsort(edge_owner, stable=True)
+            edge_counts = torch.bincount(edge_owner,
+                                         minlength=world_size).tolist()
+            edge_requests = e_id[edge_order].split(edge_counts)
+        else:
+            edge_counts = [0] * world_size
+            edge_requests = [e_id[:0]] * world_size
+        # One request per peer: [number of node ids | node ids | edge ids].
+        requests = [torch.cat([torch.tensor([n]), nodes, edges])
+                    for n, nodes, edges in zip(node_counts, node_requests,
+                                               edge_requests)]
+        received = comm.all_to_all_v(requests)
+
+        def rows_for(request: Tensor) -> List[Tensor]:
+            num_node_ids = int(request[0])
+            local_rows = request[1:1 + num_node_ids] - shard.node_start
+            out = [value[local_rows] for value in shard.node_attrs.values()]
+            if with_edges:
+                edge_rows = shard.edge_rows(request[1 + num_node_ids:])
+                out += [value[edge_rows] for value in shard.edge_attrs.values()]
+            return out
+
+        sends = {q: rows_for(received[q]) for q in range(world_size)
+                 if q != rank}
+        attrs = list(shard.node_attrs.values()) + \
+            (list(shard.edge_attrs.values()) if with_edges else [])
+
+        def shapes(num_nodes: int, num_edges: int):
+            specs = []
+            for i, value in enumerate(attrs):
+                rows = num_nodes if i < len(shard.node_attrs) else num_edges
+                specs.append(((rows, *value.shape[1:]), value.dtype))
+            return specs
+
+        recv_shapes = {q: shapes(node_counts[q], edge_counts[q])
+                       for q in range(world_size) if q != rank}
+        pending = comm.post_exchange(sends, recv_shapes)
+        own_rows = rows_for(received[rank])
+        answers = pending.wait()
+        answers[rank] = own_rows
+
+        def assemble(i: int, order: Tensor, counts: List[int]) -> Tensor:
+            value = attrs[i]
+            out = value.new_empty((order.numel(), *value.shape[1:]))
+            out[order] = torch.cat([answers[q][i] for q in range(world_size)])
+            return out
+
+        node_values = {name: assemble(i, node_order, node_counts)
+                       for i, name in enumerate(shard.node_attrs)}
+        edge_values = {}
+        if with_edges:
+            offset = len(shard.node_attrs)
+            edge_values = {name: assemble(offset + i, edge_order, edge_counts)
+                           for i, name in enumerate(shard.edge_attrs)}
+        return node_values, edge_values
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(rank={self.rank}/'
+                f'{self.world_size}, num_neighbors={self.num_neighbors}, '
+                f'num_seeds={self.input_nodes.numel()}, '
+                f'batch_size={self.batch_size}, '
+                f'num_batches={self.num_batches}, '
+                f'num_global_batches={self.num_global_batches})')
+
+
+def _first_seen_absent(ids: Tensor, index: Tensor) -> Tensor:
+    """The distinct ``ids`` with ``index[id] < 0``, in order of first
+    appearance (the order in which PyG's sampler adds new nodes)."""
+    candidates = ids[index[ids] < 0]
+    if candidates.numel() == 0:
+        return candidates
+    unique, inverse = torch.unique(candidates, return_inverse=True)
+    first = torch.full((unique.numel(), ), candidates.numel(),
+                       dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(candidates.numel()),
+                          reduce='amin')
+    return unique[torch.argsort(first)]
+
+
+def _to_shard(data: Any) -> _Shard:
+    from pyg_sar.partition import Partition
+    if isinstance(data, Partition):
+        return _Shard.from_partition(data)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        from torch_geometric.distributed import (LocalFeatureStore,
+                                                 LocalGraphStore)
+        feature_store, graph_store = data
+        if isinstance(feature_store, LocalGraphStore) and isinstance(
+                graph_store, LocalFeatureStore):
+            feature_store, graph_store = graph_store, feature_store
+        if isinstance(feature_store, LocalFeatureStore) and isinstance(
+                graph_store, LocalGraphStore):
+            return _Shard.from_stores(feature_store, graph_store)
+    raise TypeError(f"'data' must be a pyg_sar.Partition or a "
+                    f"(LocalFeatureStore, LocalGraphStore) pair (got "
+                    f"{type(data).__name__})")
+
+
+def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
+    if isinstance(num_neighbors, dict):
+        raise ValueError("'num_neighbors' must be a list of ints (one fanout "
+                         "per hop); per-edge-type dictionaries need "
+                         "heterogeneous graphs, which are not supported")
+    if not isinstance(num_neighbors, (list, tuple)):
+        raise TypeError(f"'num_neighbors' must be a list of ints, one fanout "
+                        f"per hop (got {type(num_neighbors).__name__})")
+    out = []
+    for hop, fanout in enumerate(num_neighbors):
+        if isinstance(fanout, bool) or not isinstance(fanout, int) or \
+                fanout < -1:
+            raise ValueError(f"'num_neighbors[{hop}]' must be an int >= 0, "
+                             f"or -1 for all neighbors (got {fanout!r})")
+        out.append(int(fanout))
+    return out
+
+
+def _check_kwargs(kwargs: Dict[str, Any]) -> None:
+    required = {'num_workers': 0, 'directed': True, 'disjoint': False,
+                'subgraph_type': 'directional'}
+    for key, value in kwargs.items():
+        if key in required:
+            if value != required[key] and not (
+                    key == 'subgraph_type' and str(value).endswith(
+                        'directional')):
+                raise ValueError(
+                    f"DistNeighborLoader supports only {key}="
+                    f"{required[key]!r} (got {value!r})" +
+                    ('; sampling is a collective and runs in the training '
+                     'process' if key == 'num_workers' else ''))
+        elif key not in _IGNORED_KWARGS:
+            raise TypeError(f"DistNeighborLoader got an unexpected keyword "
+                            f"argument '{key}'")
