@@ -341,6 +341,8 @@ def _train_and_infer(rank, world_size, root, data_file):
 def test_sampled_training_then_full_graph_inference(shared_data_root,
                                                     tmp_path):
     data = datasets.load('Cora', shared_data_root)
+    # Row-normalized bag-of-words features, as usual for Cora.
+    data.x = data.x / data.x.sum(-1, keepdim=True).clamp(min=1)
     root = str(tmp_path / 'cora2')
     partition_graph(data, 2, root)
     data_file = str(tmp_path / 'cora.pt')
