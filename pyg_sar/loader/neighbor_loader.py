@@ -30,7 +30,9 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar import comm
-from pyg_sar.loader.sampler import sample_neighbors
+from pyg_sar.loader.sampler import _ranges, sample_neighbors
+
+_INT32_MAX = torch.iinfo(torch.int32).max
 
 # DataLoader/NeighborLoader keyword arguments that are accepted for drop-in
 # compatibility. The value each must have is checked in `_check_kwargs`.
@@ -194,9 +196,9 @@ class DistNeighborLoader:
             ``prefetch_factor``, ``filter_per_worker``, ``timeout``,
             ``is_sorted`` (no effect).
 
-    Memory: besides its part, every rank holds an ``int32`` map of
-    ``num_nodes`` global ids (4 bytes per node) that relabels a batch in
-    O(batch) time.
+    Memory: besides its part, every rank holds two ``int32`` maps over the
+    ``num_nodes`` global ids (8 bytes per node) that relabel a batch in
+    O(batch) time, without sorting.
     """
 
     def __init__(
@@ -249,6 +251,9 @@ class DistNeighborLoader:
         # Global id -> batch-local id of the batch being built; -1 = absent.
         self._local_index = torch.full((self.shard.num_nodes, ), -1,
                                        dtype=torch.int32)
+        # Scratch map of `_first_seen_absent`.
+        self._first_position = torch.full((self.shard.num_nodes, ),
+                                          _INT32_MAX, dtype=torch.int32)
         self._epoch_running = False
 
     # Set-up #################################################################
@@ -372,7 +377,8 @@ class DistNeighborLoader:
             for fanout in self.num_neighbors:
                 targets, sources, edge_ids = self._exchange_hop(
                     frontier, fanout)
-                new_nodes = _first_seen_absent(sources, index)
+                new_nodes = _first_seen_absent(sources, index,
+                                               self._first_position)
                 index[new_nodes] = torch.arange(
                     num_nodes, num_nodes + new_nodes.numel(),
                     dtype=torch.int32)
@@ -391,9 +397,8 @@ class DistNeighborLoader:
         edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows \
             else torch.empty(2, 0, dtype=torch.long)
         e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)
-        edge_owner = self.shard.owner(n_id[edge_index[1]])
         node_values, edge_values = self._fetch_attributes(
-            n_id, e_id, edge_owner)
+            n_id, e_id, n_id[edge_index[1]])
         return Data(edge_index=edge_index, n_id=n_id, e_id=e_id,
                     input_id=input_id, batch_size=int(seeds.numel()),
                     num_sampled_nodes=num_sampled_nodes,
@@ -406,10 +411,9 @@ class DistNeighborLoader:
         receives, and returns ``(target, source, edge id)`` of the sampled
         edges, grouped by target in frontier order."""
         shard, world_size = self.shard, self.world_size
-        owner = shard.owner(frontier)
-        by_owner = torch.argsort(owner, stable=True)
+        by_owner, request_counts = _group_by_owner(shard.owner(frontier),
+                                                   world_size)
         requests = frontier[by_owner]
-        request_counts = torch.bincount(owner, minlength=world_size).tolist()
         received = comm.all_to_all_v(list(requests.split(request_counts)))
 
         # Serve every peer's requests (own ones included) in one kernel call.
@@ -421,41 +425,61 @@ class DistNeighborLoader:
         sources, edge_ids = shard.csc_src[positions], shard.csc_eid[positions]
         counts_per_peer = counts.split(received_counts)
         edges_per_peer = [int(c.sum()) for c in counts_per_peer]
+        own_answer = (counts_per_peer[self.rank],
+                      sources.split(edges_per_peer)[self.rank],
+                      edge_ids.split(edges_per_peer)[self.rank])
         # One message per peer: [count per request | sources | edge ids].
-        replies = [torch.cat([c, s, e]) for c, s, e in zip(
-            counts_per_peer, sources.split(edges_per_peer),
-            edge_ids.split(edges_per_peer))]
+        # The own answer stays unpacked (all_to_all_v does not send it).
+        replies = [counts.new_empty(0) if q == self.rank else torch.cat(
+            [c, s, e]) for q, (c, s, e) in enumerate(zip(
+                counts_per_peer, sources.split(edges_per_peer),
+                edge_ids.split(edges_per_peer)))]
         answers = comm.all_to_all_v(replies)
 
         counts, sources, edge_ids = [], [], []
-        for answer, num_requests in zip(answers, request_counts):
-            num_edges = (answer.numel() - num_requests) // 2
-            counts.append(answer[:num_requests])
-            sources.append(answer[num_requests:num_requests + num_edges])
-            edge_ids.append(answer[num_requests + num_edges:])
+        for q, (answer, num_requests) in enumerate(zip(answers,
+                                                       request_counts)):
+            if q == self.rank:
+                parts = own_answer
+            else:
+                num_edges = (answer.numel() - num_requests) // 2
+                parts = (answer[:num_requests],
+                         answer[num_requests:num_requests + num_edges],
+                         answer[num_requests + num_edges:])
+            counts.append(parts[0])
+            sources.append(parts[1])
+            edge_ids.append(parts[2])
         counts = torch.cat(counts)
         sources, edge_ids = torch.cat(sources), torch.cat(edge_ids)
-        # Answers come in owner order; restore the frontier order (PyG's).
-        frontier_position = torch.repeat_interleave(by_owner, counts)
-        order = torch.argsort(frontier_position, stable=True)
-        targets = torch.repeat_interleave(requests, counts)[order]
-        return targets, sources[order], edge_ids[order]
+        targets = torch.repeat_interleave(requests, counts)
+        if world_size == 1:  # answers are already in frontier order
+            return targets, sources, edge_ids
+        # Answers come in owner order; move every request's edges to the
+        # slot of its target in frontier order (PyG's order), without a sort.
+        counts_in_frontier_order = torch.empty_like(counts)
+        counts_in_frontier_order[by_owner] = counts
+        slot_start = torch.cumsum(counts_in_frontier_order, 0) - \
+            counts_in_frontier_order
+        slots = _ranges(slot_start[by_owner], counts)
+        out = [torch.empty_like(t) for t in (targets, sources, edge_ids)]
+        for dst, src in zip(out, (targets, sources, edge_ids)):
+            dst[slots] = src
+        return out[0], out[1], out[2]
 
-    def _fetch_attributes(self, n_id: Tensor, e_id: Tensor, edge_owner: Tensor
+    def _fetch_attributes(self, n_id: Tensor, e_id: Tensor, e_dst: Tensor
                           ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
-        """Gathers the node attribute rows of ``n_id`` and edge attribute
-        rows of ``e_id`` from their owners, in one exchange."""
+        """Gathers the node attribute rows of ``n_id`` and the edge attribute
+        rows of ``e_id`` (edges into the global nodes ``e_dst``, whose owners
+        store them) from their owners, in one exchange."""
         shard, world_size, rank = self.shard, self.world_size, self.rank
         with_edges = bool(shard.edge_attrs)
-        node_owner = shard.owner(n_id)
-        node_order = torch.argsort(node_owner, stable=True)
-        node_counts = torch.bincount(node_owner,
-                                     minlength=world_size).tolist()
+        if with_edges:
+            edge_owner = shard.owner(e_dst)
+        node_order, node_counts = _group_by_owner(shard.owner(n_id),
+                                                  world_size)
         node_requests = n_id[node_order].split(node_counts)
         if with_edges:
-            edge_order = torch.argsort(edge_owner, stable=True)
-            edge_counts = torch.bincount(edge_owner,
-                                         minlength=world_size).tolist()
+            edge_order, edge_counts = _group_by_owner(edge_owner, world_size)
             edge_requests = e_id[edge_order].split(edge_counts)
         else:
             edge_counts = [0] * world_size
@@ -518,18 +542,32 @@ class DistNeighborLoader:
                 f'num_global_batches={self.num_global_batches})')
 
 
-def _first_seen_absent(ids: Tensor, index: Tensor) -> Tensor:
+def _first_seen_absent(ids: Tensor, index: Tensor,
+                       first_position: Tensor) -> Tensor:
     """The distinct ``ids`` with ``index[id] < 0``, in order of first
-    appearance (the order in which PyG's sampler adds new nodes)."""
+    appearance (the order in which PyG's sampler adds new nodes).
+
+    ``first_position`` is a scratch map over all global ids holding
+    ``INT32_MAX``; it is used, and restored, here so that the answer costs
+    O(len(ids)) instead of a sort."""
     candidates = ids[index[ids] < 0]
     if candidates.numel() == 0:
         return candidates
-    unique, inverse = torch.unique(candidates, return_inverse=True)
-    first = torch.full((unique.numel(), ), candidates.numel(),
-                       dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(candidates.numel()),
-                          reduce='amin')
-    return unique[torch.argsort(first)]
+    position = torch.arange(candidates.numel(), dtype=torch.int32)
+    first_position.scatter_reduce_(0, candidates, position, reduce='amin')
+    is_first = first_position[candidates] == position
+    first_position[candidates] = _INT32_MAX
+    return candidates[is_first]
+
+
+def _group_by_owner(owner: Tensor, world_size: int) -> Tuple[Tensor,
+                                                              List[int]]:
+    """A stable permutation grouping entries by owner, and the group sizes;
+    one linear pass per rank rather than a sort (world sizes are small)."""
+    if world_size == 1:
+        return torch.arange(owner.numel()), [owner.numel()]
+    groups = [(owner == q).nonzero().view(-1) for q in range(world_size)]
+    return torch.cat(groups), [g.numel() for g in groups]
 
 
 def _to_shard(data: Any) -> _Shard:

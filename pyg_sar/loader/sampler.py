@@ -42,18 +42,17 @@ def _ranges(starts: Tensor, lengths: Tensor) -> Tensor:
 def _sample_by_keys(starts: Tensor, degrees: Tensor, fanout: int,
                     generator: Optional[torch.Generator]) -> Tensor:
     """``fanout`` distinct positions per target via random keys: every
-    candidate edge draws a key, a sort by ``(target, key)`` shuffles each
-    target's segment, and the first ``fanout`` of each segment are kept."""
-    total = int(degrees.sum())
-    segment = torch.repeat_interleave(torch.arange(degrees.numel()), degrees,
-                                      output_size=total)
-    keys = torch.rand(total, generator=generator, dtype=torch.float64)
-    # Segment index plus a key in [0, 1): one sort orders by (segment, key).
-    order = torch.argsort(segment.to(torch.float64) + keys)
-    candidates = _ranges(starts, degrees)[order]
-    offsets = torch.cumsum(degrees, 0) - degrees
-    rank_in_segment = torch.arange(total) - offsets[segment]
-    return candidates[rank_in_segment < fanout]
+    candidate edge draws a key and the ``fanout`` smallest keys of each
+    target win. Targets are rows of a ``[num_targets, max_degree]`` key
+    matrix (padding keys are 2, above every real key in [0, 1)), so the
+    selection is one row-wise ``topk`` over short rows instead of a global
+    sort; degrees here are at most ``REJECTION_DEGREE_RATIO * fanout``."""
+    max_degree = int(degrees.max())
+    keys = torch.rand(degrees.numel(), max_degree, generator=generator)
+    keys.masked_fill_(torch.arange(max_degree) >= degrees.unsqueeze(1), 2.0)
+    chosen = torch.topk(keys, fanout, dim=1, largest=False,
+                        sorted=False).indices
+    return (starts.unsqueeze(1) + chosen).view(-1)
 
 
 def _sample_by_rejection(starts: Tensor, degrees: Tensor, fanout: int,
@@ -63,26 +62,25 @@ def _sample_by_rejection(starts: Tensor, degrees: Tensor, fanout: int,
     until none are left. The process treats all of a target's edges alike, so
     every ``fanout``-subset is equally likely."""
     num_targets = degrees.numel()
-    segment = torch.arange(num_targets).repeat_interleave(fanout)
-    seg_degree = degrees[segment]
-    offsets = (torch.rand(segment.numel(), generator=generator,
-                          dtype=torch.float64) * seg_degree).long()
-    offsets = torch.minimum(offsets, seg_degree - 1)
-    max_degree = int(degrees.max())
+    # One row of `fanout` draws per target; duplicates are found by sorting
+    # each short row, not by a global sort.
+    row_degree = degrees.unsqueeze(1).expand(num_targets, fanout)
+    offsets = (torch.rand(num_targets, fanout, generator=generator,
+                          dtype=torch.float64) * row_degree).long()
+    offsets = torch.minimum(offsets, row_degree - 1)
     for _ in range(MAX_REJECTION_ROUNDS):
-        code = segment * max_degree + offsets
-        sorted_code, order = torch.sort(code)
-        duplicate = torch.zeros_like(sorted_code, dtype=torch.bool)
-        duplicate[1:] = sorted_code[1:] == sorted_code[:-1]
-        redraw = order[duplicate]
-        if redraw.numel() == 0:
+        sorted_offsets, order = torch.sort(offsets, dim=1)
+        duplicate = sorted_offsets[:, 1:] == sorted_offsets[:, :-1]
+        if not bool(duplicate.any()):
             break
-        fresh = torch.rand(redraw.numel(), generator=generator,
-                           dtype=torch.float64) * seg_degree[redraw]
-        offsets[redraw] = torch.minimum(fresh.long(), seg_degree[redraw] - 1)
+        rows, cols = duplicate.nonzero(as_tuple=True)
+        cols = order[rows, cols + 1]  # keep the first of equal draws
+        fresh = torch.rand(rows.numel(), generator=generator,
+                           dtype=torch.float64) * degrees[rows]
+        offsets[rows, cols] = torch.minimum(fresh.long(), degrees[rows] - 1)
     else:  # pragma: no cover - needs astronomically bad luck
         raise RuntimeError('rejection sampling did not converge')
-    return starts[segment] + offsets
+    return (starts.unsqueeze(1) + offsets).view(-1)
 
 
 def sample_neighbors(
