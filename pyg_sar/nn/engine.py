@@ -744,9 +744,13 @@ class _Runner:
         g_rows = grad_out.index_select(0, chunk.dst)
         if self.plan.aggr in ('sum', 'mean'):
             return g_rows
-        out, count = self.state['out'], self.state['count']
-        hit = (msg.detach() == out.index_select(0, chunk.dst)).to(msg.dtype)
-        return g_rows * hit / count.index_select(0, chunk.dst).clamp(min=1)
+        out = self.state['out'].index_select(0, chunk.dst)
+        count = self.state['count'].index_select(0, chunk.dst)
+        hit = (msg.detach() == out).to(msg.dtype)
+        # PyG reduces into zeros with scatter_reduce(include_self=False),
+        # whose backward still counts the zero it started from as a tie
+        # when the result is exactly 0; matching it keeps gradients equal.
+        return g_rows * hit / (count + (out == 0).to(count.dtype))
 
     def _attention_grads(self, peer: int, chunk: EdgeChunk, c_idx: int,
                          outputs, grad_out: Tensor, delta: Tensor):

@@ -1,0 +1,359 @@
+"""The SAR engine equals single-process PyG: outputs, input gradients and
+parameter gradients of every conv in every mode, for world sizes 1-4, on a
+synthetic graph (isolated nodes, feature ties, a part without training
+nodes) and on Cora; plus user subclasses, loss curves and BatchNorm.
+
+One spawn per world size runs every configuration; the parent compares.
+"""
+import os.path as osp
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric.nn import MessagePassing
+
+import pyg_sar
+from pyg_sar import datasets
+from pyg_sar.nn import DistMessagePassing
+from _dist import run_workers
+
+RTOL, ATOL = 1e-4, 1e-5
+MODES = ('sar', 'sa', 'one_shot')
+# Small enough to cut every block into several chunks.
+CHUNKS = {'synthetic': 37, 'Cora': 1500}
+CONVS = ('sage_mean', 'sage_max', 'sage_sum', 'sage_min_project', 'gcn',
+         'graph', 'gin', 'gat', 'gatv2', 'user_linear', 'user_param')
+
+
+# User-written layers: one message, a PyG twin and a distributed twin ##########
+
+def _user_linear_message(x_j: Tensor, edge_scale: float) -> Tensor:
+    return edge_scale * x_j - 0.25 * x_j
+
+
+class RefUserLinear(MessagePassing):
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(aggr='sum')
+        self.lin = torch.nn.Linear(channels_in, channels_out)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=self.lin(x), edge_scale=1.5)
+
+    def message(self, x_j: Tensor, edge_scale: float) -> Tensor:
+        return _user_linear_message(x_j, edge_scale)
+
+
+class UserLinear(DistMessagePassing):
+    """Linear message, generic linear path (no message_weight)."""
+    linear_message = True
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(aggr='sum')
+        self.lin = torch.nn.Linear(channels_in, channels_out)
+
+    def forward(self, x, graph):
+        # Indirection on purpose: PyG's template would parse forward's
+        # source for self.propagate(...) calls and reject our kwargs.
+        return self._aggregate_neighbors(self.lin(x), graph)
+
+    def _aggregate_neighbors(self, h, graph):
+        return self.propagate(graph, x=h, edge_scale=1.5)
+
+    def message(self, x_j: Tensor, edge_scale: float) -> Tensor:
+        return _user_linear_message(x_j, edge_scale)
+
+
+def _user_param_message(module, x_j: Tensor, x_i: Tensor) -> Tensor:
+    return torch.tanh(x_j * module.gate + x_i) * module.scale
+
+
+class RefUserParam(MessagePassing):
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(aggr='mean')
+        self.lin = torch.nn.Linear(channels_in, channels_out)
+        self.gate = torch.nn.Parameter(torch.randn(channels_out))
+        self.scale = torch.nn.Parameter(torch.randn(channels_out))
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=self.lin(x))
+
+    def message(self, x_j: Tensor, x_i: Tensor) -> Tensor:
+        return _user_param_message(self, x_j, x_i)
+
+
+class UserParam(DistMessagePassing):
+    """Parametrized message: its parameters get gradients only through the
+    rematerialized backward."""
+    message_parameters = ('gate', 'scale')
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(aggr='mean')
+        self.lin = torch.nn.Linear(channels_in, channels_out)
+        self.gate = torch.nn.Parameter(torch.randn(channels_out))
+        self.scale = torch.nn.Parameter(torch.randn(channels_out))
+
+    def forward(self, x, graph):
+        h = self.lin(x)
+        run = self.propagate
+        return run(graph, x=h)
+
+    def message(self, x_j: Tensor, x_i: Tensor) -> Tensor:
+        return _user_param_message(self, x_j, x_i)
+
+
+def build_conv(kind: str, channels: int, distributed: bool):
+    """The same initial weights in every process (seeded construction)."""
+    torch.manual_seed(1234)
+    if kind == 'user_linear':
+        return (UserLinear if distributed else RefUserLinear)(channels, 6)
+    if kind == 'user_param':
+        return (UserParam if distributed else RefUserParam)(channels, 6)
+    conv = {
+        'sage_mean': lambda: pyg_nn.SAGEConv(channels, 6),
+        'sage_max': lambda: pyg_nn.SAGEConv(channels, 6, aggr='max'),
+        'sage_sum': lambda: pyg_nn.SAGEConv(channels, 6, aggr='sum'),
+        'sage_min_project': lambda: pyg_nn.SAGEConv(
+            channels, 6, aggr='min', project=True, normalize=True),
+        'gcn': lambda: pyg_nn.GCNConv(channels, 6),
+        'graph': lambda: pyg_nn.GraphConv(channels, 6, aggr='max'),
+        'gin': lambda: pyg_nn.GINConv(torch.nn.Sequential(
+            torch.nn.Linear(channels, 6), torch.nn.ReLU(),
+            torch.nn.Linear(6, 6)), train_eps=True),
+        'gat': lambda: pyg_nn.GATConv(channels, 3, heads=2),
+        'gatv2': lambda: pyg_nn.GATv2Conv(channels, 6, heads=2,
+                                          concat=False),
+    }[kind]()
+    return pyg_sar.nn.to_distributed(conv) if distributed else conv
+
+
+def probe(num_nodes: int, channels: int) -> Tensor:
+    """Fixed random weights of the scalar loss, indexed by input node id."""
+    gen = torch.Generator().manual_seed(99)
+    return torch.randn(num_nodes, channels, generator=gen)
+
+
+# Data #########################################################################
+
+def synthetic_data():
+    """Synthetic graph with isolated nodes and exact feature ties (so max/min
+    ties are certain)."""
+    data = datasets.synthetic_graph(240, 6, 8, 3, seed=3)
+    isolated = torch.arange(8)
+    keep = ~(torch.isin(data.edge_index[0], isolated) |
+             torch.isin(data.edge_index[1], isolated))
+    data.edge_index = data.edge_index[:, keep]
+    data.x = (data.x * 2).round() / 2
+    return data
+
+
+def partition(data, world_size: int, out_dir: str) -> str:
+    pyg_sar.partition_graph(data, world_size, out_dir)
+    return out_dir
+
+
+# Worker #######################################################################
+
+def _worker(rank, world_size, roots, curve_epochs):
+    results = {}
+    for name, root in roots.items():
+        part = pyg_sar.load_partition(root, rank)
+        x = part.x.float()
+        weights = probe(int(part.num_nodes), 6)[part.orig_ids]
+        for mode in MODES:
+            for chunk in (None, CHUNKS[name]):
+                graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+                for kind in CONVS:
+                    conv = build_conv(kind, x.shape[1], distributed=True)
+                    x_in = x.clone().requires_grad_()
+                    out = conv(x_in, graph)
+                    (out * weights).sum().backward()
+                    results[(name, mode, chunk, kind)] = (
+                        out.detach(), x_in.grad,
+                        {n: p.grad for n, p in conv.named_parameters()})
+        results[(name, 'ids')] = part.orig_ids
+    part = pyg_sar.load_partition(roots['synthetic'], rank)
+    results['curves'] = _loss_curves(part, rank, world_size, curve_epochs)
+    results['batch_norm'] = _batch_norm(part)
+    return results
+
+
+def _train_mask(part, rank: int, world_size: int) -> Tensor:
+    # The last part gets no training nodes at all.
+    mask = part.train_mask.clone()
+    if rank == world_size - 1 and world_size > 1:
+        mask[:] = False
+    return mask
+
+
+def _loss_curves(part, rank, world_size, epochs):
+    from pyg_sar.train import GNN, distributed_loss
+    curves = {}
+    for model in ('sage', 'gat'):
+        for mode in ('sar', 'one_shot'):
+            graph = pyg_sar.DistGraph(part, mode=mode)
+            torch.manual_seed(7)
+            net = pyg_sar.nn.to_distributed(
+                GNN(model, part.x.shape[1], 8, 3, num_layers=2, heads=2,
+                    dropout=0.0))
+            pyg_sar.sync_params(net)
+            opt = torch.optim.Adam(net.parameters(), lr=0.01)
+            mask = _train_mask(part, rank, world_size)
+            total = pyg_sar.global_count(mask)
+            losses = []
+            for _ in range(epochs):
+                opt.zero_grad()
+                loss = distributed_loss(net(part.x, graph), part.y, mask,
+                                        total)
+                loss.backward()
+                pyg_sar.all_reduce_grads(net)
+                opt.step()
+                losses.append(float(pyg_sar.comm.all_reduce(
+                    loss.detach().clone())))
+            curves[(model, mode)] = losses
+    return curves
+
+
+def _batch_norm(part):
+    torch.manual_seed(5)
+    norm = pyg_sar.nn.to_distributed(pyg_nn.BatchNorm(part.x.shape[1]))
+    with torch.no_grad():
+        norm.module.weight.uniform_(0.5, 1.5)
+        norm.module.bias.uniform_(-0.5, 0.5)
+    x = part.x.clone().requires_grad_()
+    out = norm(x)
+    (out * probe(int(part.num_nodes), part.x.shape[1])[part.orig_ids]
+     ).sum().backward()
+    return (out.detach(), x.grad, norm.module.weight.grad,
+            norm.module.bias.grad, norm.module.running_mean.clone(),
+            norm.module.running_var.clone())
+
+
+# Single-process references #####################################################
+
+def reference(data, kind: str):
+    conv = build_conv(kind, data.x.shape[1], distributed=False)
+    x = data.x.float().clone().requires_grad_()
+    out = conv(x, data.edge_index)
+    (out * probe(data.num_nodes, 6)).sum().backward()
+    return out.detach(), x.grad, {n: p.grad for n, p in
+                                  conv.named_parameters()}
+
+
+def reference_curve(data, model: str, train_mask: Tensor, epochs: int):
+    from pyg_sar.train import GNN
+    torch.manual_seed(7)
+    net = GNN(model, data.x.shape[1], 8, 3, num_layers=2, heads=2,
+              dropout=0.0)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    losses = []
+    for _ in range(epochs):
+        opt.zero_grad()
+        out = net(data.x, data.edge_index)
+        loss = F.cross_entropy(out[train_mask], data.y[train_mask])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def assert_close(actual, expected, what):
+    scale = expected.abs().max().clamp(min=1.0)
+    torch.testing.assert_close(actual / scale, expected / scale, rtol=RTOL,
+                               atol=ATOL, msg=lambda m: f'{what}: {m}')
+
+
+@pytest.fixture(scope='module')
+def cora(shared_data_root):
+    return datasets.load('Cora', shared_data_root)
+
+
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
+def test_distributed_equals_single_process(world_size, tmp_path, request):
+    data_sets = {'synthetic': synthetic_data()}
+    try:
+        data_sets['Cora'] = request.getfixturevalue('cora')
+    except pytest.skip.Exception:
+        pass  # real data absent: synthetic only
+    roots = {name: partition(data, world_size, str(tmp_path / name))
+             for name, data in data_sets.items()}
+    epochs = 20
+    results = run_workers(_worker, world_size, roots, epochs, timeout_s=120)
+
+    for name, data in data_sets.items():
+        ids = torch.cat([r[(name, 'ids')] for r in results])
+        for kind in CONVS:
+            ref_out, ref_grad_x, ref_grads = reference(data, kind)
+            for mode in MODES:
+                for chunk in (None, CHUNKS[name]):
+                    key = (name, mode, chunk, kind)
+                    what = f'{name} {kind} mode={mode} chunk={chunk} ' \
+                           f'world={world_size}'
+                    out = torch.cat([r[key][0] for r in results])
+                    assert_close(out, ref_out[ids], f'{what} output')
+                    grad_x = torch.cat([r[key][1] for r in results])
+                    assert_close(grad_x, ref_grad_x[ids], f'{what} dL/dx')
+                    for pname, ref in ref_grads.items():
+                        total = sum(r[key][2][pname] for r in results)
+                        assert_close(total, ref, f'{what} dL/d{pname}')
+
+    # Loss curves: the last part has no training nodes.
+    data = data_sets['synthetic']
+    train_mask = data.train_mask.clone()
+    last = pyg_sar.load_partition(roots['synthetic'], world_size - 1)
+    if world_size > 1:
+        train_mask[last.orig_ids] = False
+    for model in ('sage', 'gat'):
+        expected = torch.tensor(reference_curve(data, model, train_mask,
+                                                epochs))
+        for mode in ('sar', 'one_shot'):
+            for r in results:
+                torch.testing.assert_close(
+                    torch.tensor(r['curves'][(model, mode)]), expected,
+                    rtol=1e-4, atol=1e-4,
+                    msg=lambda m: f'{model}/{mode} loss curve: {m}')
+
+    # BatchNorm normalizes with whole-graph statistics.
+    torch.manual_seed(5)
+    norm = pyg_nn.BatchNorm(data.x.shape[1])
+    with torch.no_grad():
+        norm.module.weight.uniform_(0.5, 1.5)
+        norm.module.bias.uniform_(-0.5, 0.5)
+    x = data.x.clone().requires_grad_()
+    out = norm(x)
+    (out * probe(data.num_nodes, data.x.shape[1])).sum().backward()
+    ids = torch.cat([r[('synthetic', 'ids')] for r in results])
+    got = [r['batch_norm'] for r in results]
+    assert_close(torch.cat([g[0] for g in got]), out.detach()[ids], 'BN out')
+    assert_close(torch.cat([g[1] for g in got]), x.grad[ids], 'BN dL/dx')
+    assert_close(sum(g[2] for g in got), norm.module.weight.grad, 'BN dw')
+    assert_close(sum(g[3] for g in got), norm.module.bias.grad, 'BN db')
+    for g in got:
+        assert_close(g[4], norm.module.running_mean, 'BN running mean')
+        assert_close(g[5], norm.module.running_var, 'BN running var')
+
+
+def test_to_distributed_round_trips_weights():
+    from pyg_sar.train import GNN
+    for model in ('sage', 'gcn', 'gat'):
+        torch.manual_seed(0)
+        stock = GNN(model, 10, 8, 3, num_layers=3, heads=2)
+        state = {k: v.clone() for k, v in stock.state_dict().items()}
+        import copy
+        converted = pyg_sar.nn.to_distributed(copy.deepcopy(stock))
+        kinds = {type(c).__module__.split('.')[0] for c in converted.convs}
+        assert kinds == {'pyg_sar'}
+        assert converted.state_dict().keys() == state.keys()
+        for key, value in converted.state_dict().items():
+            assert torch.equal(value, state[key]), key
+        fresh = GNN(model, 10, 8, 3, num_layers=3, heads=2)
+        fresh.load_state_dict(converted.state_dict())
+        for key, value in fresh.state_dict().items():
+            assert torch.equal(value, state[key]), key
+    gin = pyg_nn.GINConv(torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                             torch.nn.BatchNorm1d(4)))
+    before = {k: v.clone() for k, v in gin.state_dict().items()}
+    after = pyg_sar.nn.to_distributed(gin).state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
