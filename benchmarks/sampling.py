@@ -142,8 +142,9 @@ def plot(rows: list, path: str) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    skipped = [r for r in rows if not r.get('seeds_per_s_per_process')]
     rows = [r for r in rows if r.get('seeds_per_s_per_process')]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(6, 3.8))
     names = [r['name'].replace(' DistNeighborLoader', '\n') for r in rows]
     values = [r['seeds_per_s_per_process'] for r in rows]
     ax.bar(names, values, color=['C0'] * len(rows))
@@ -151,6 +152,11 @@ def plot(rows: list, path: str) -> None:
     ax.set_title(f'Neighbor sampling, fanouts {FANOUTS}')
     for i, v in enumerate(values):
         ax.text(i, v, f'{v:,.0f}', ha='center', va='bottom')
+    ax.set_ylim(0, max(values) * 1.2)
+    for r in skipped:  # say why a bar is missing
+        ax.text(0.5, -0.28, f"{r['name']}: not run ({r['reason']})",
+                transform=ax.transAxes, ha='center', va='top', fontsize=7,
+                wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
