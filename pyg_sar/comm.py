@@ -323,6 +323,16 @@ def _split(flat: Tensor) -> List[Tensor]:
     return list(flat.split(step)) if flat.numel() > step else [flat]
 
 
+def _post(op, tensor: Tensor, peer: int, tag: int):
+    """Posts one isend/irecv; a peer whose connection is gone already
+    fails here rather than in the wait."""
+    what = 'send' if op is dist.isend else 'receive'
+    try:
+        return op(tensor, peer, tag=tag)
+    except Exception as e:
+        raise _peer_error(what, peer, e) from e
+
+
 def post_exchange(
     sends: Dict[int, Sequence[Tensor]],
     recv_shapes: Dict[int, Sequence[Tuple[Tuple[int, ...], torch.dtype]]],
@@ -355,8 +365,8 @@ def post_exchange(
             if buf.numel() > 0:
                 wire = _comm_device(buf)
                 for piece in _split(wire.view(-1)):
-                    works.append((dist.irecv(piece, src=peer, tag=tag), 'receive',
-                                  peer))
+                    works.append((_post(dist.irecv, piece, peer, tag),
+                                  'receive', peer))
                     _STATS['messages_received'] += 1
                     exchange_ran = True
                 _STATS['bytes_received'] += buf.numel() * buf.element_size()
@@ -372,7 +382,8 @@ def post_exchange(
             wire = _comm_device(tensor.contiguous())
             keep_alive.append(wire)
             for piece in _split(wire.view(-1)):
-                works.append((dist.isend(piece, dst=peer, tag=tag), 'send', peer))
+                works.append((_post(dist.isend, piece, peer, tag), 'send',
+                              peer))
                 _STATS['messages_sent'] += 1
                 exchange_ran = True
             _STATS['bytes_sent'] += tensor.numel() * tensor.element_size()

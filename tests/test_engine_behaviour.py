@@ -1,0 +1,135 @@
+"""Failure behaviour, bad input and communication accounting of the engine."""
+import os
+import time
+
+import pytest
+import torch
+
+import pyg_sar
+from pyg_sar import datasets
+from _dist import run_workers
+
+
+@pytest.fixture(scope='module')
+def graph_data():
+    return datasets.synthetic_graph(200, 6, 8, 3, seed=11)
+
+
+@pytest.fixture(scope='module')
+def two_parts(graph_data, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('parts') / 'two')
+    pyg_sar.partition_graph(graph_data, 2, root)
+    return root
+
+
+def _sage_step(part, graph):
+    conv = pyg_sar.nn.SAGEConv(part.x.shape[1], 4)
+    conv(part.x, graph).sum().backward()
+
+
+def _dead_or_hung_peer(rank, world_size, root, failure):
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part)
+    if rank == 1:
+        if failure == 'dies':
+            os._exit(3)
+        time.sleep(25)
+        return None
+    start = time.perf_counter()
+    try:
+        _sage_step(part, graph)
+    except pyg_sar.PeerError as e:
+        return str(e), time.perf_counter() - start
+    return 'no error', time.perf_counter() - start
+
+
+@pytest.mark.parametrize('failure', ['dies', 'hangs'])
+def test_dead_or_hung_peer_becomes_an_error_naming_it(two_parts, failure):
+    results = run_workers(_dead_or_hung_peer, 2, two_parts, failure,
+                          timeout_s=4, expect_errors=True)
+    status, payload = results[0]
+    assert status == 'ok', payload
+    message, elapsed = payload
+    assert 'rank 1' in message, message
+    assert elapsed < 15, f'took {elapsed:.1f}s to notice'
+
+
+def _load_other(rank, world_size, roots):
+    part = pyg_sar.load_partition(roots[rank], rank)
+    try:
+        pyg_sar.DistGraph(part)
+    except ValueError as e:
+        return str(e)
+    return 'no error'
+
+
+def test_mismatched_partitions_fail_before_training(graph_data, two_parts,
+                                                    tmp_path):
+    other = datasets.synthetic_graph(200, 6, 8, 3, seed=12)
+    other_root = str(tmp_path / 'other')
+    pyg_sar.partition_graph(other, 2, other_root)
+    messages = run_workers(_load_other, 2, [two_parts, other_root],
+                           timeout_s=20)
+    for message in messages:
+        assert 'different partitionings' in message, message
+
+
+def _wrong_world(rank, world_size, root):
+    part = pyg_sar.load_partition(root, rank)
+    try:
+        pyg_sar.DistGraph(part)
+    except ValueError as e:
+        return str(e)
+    return 'no error'
+
+
+def test_world_size_must_equal_part_count(graph_data, tmp_path):
+    root = str(tmp_path / 'three')
+    pyg_sar.partition_graph(graph_data, 3, root)
+    messages = run_workers(_wrong_world, 2, root, timeout_s=20)
+    for message in messages:
+        assert '3 parts but the world size is 2' in message, message
+
+
+def test_bad_input_is_a_clear_error(graph_data, tmp_path):
+    root = str(tmp_path / 'one')
+    pyg_sar.partition_graph(graph_data, 1, root)
+    part = pyg_sar.load_partition(root, 0)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        pyg_sar.DistGraph(part, mode='fast')
+    with pytest.raises(ValueError, match="chunk_size must be a positive"):
+        pyg_sar.DistGraph(part, chunk_size=0)
+    graph = pyg_sar.DistGraph(part)
+    conv = pyg_sar.nn.SAGEConv(8, 4)
+    with pytest.raises(ValueError, match="has 10 rows but this worker owns"):
+        conv(part.x[:10], graph)
+    with pytest.raises(TypeError, match="expects a pyg_sar.DistGraph"):
+        conv(part.x, part.edge_index)
+    with pytest.raises(ValueError, match="aggr='std' is not supported"):
+        pyg_sar.nn.SAGEConv(8, 4, aggr='std')(part.x, graph)
+
+
+def _bytes_per_epoch(rank, world_size, root, mode):
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part, mode=mode)
+    conv = pyg_sar.nn.SAGEConv(part.x.shape[1], 4)
+    x = part.x.clone().requires_grad_()
+    pyg_sar.reset_comm_stats()
+    conv(x, graph).sum().backward()
+    stats = pyg_sar.comm_stats()
+    return stats, graph.halo_bytes(part.x.shape[1])
+
+
+@pytest.mark.parametrize('mode', ['sar', 'one_shot'])
+def test_linear_layer_exchanges_exactly_the_halo_bound(tmp_path, graph_data,
+                                                        mode):
+    root = str(tmp_path / 'three')
+    pyg_sar.partition_graph(graph_data, 3, root)
+    results = run_workers(_bytes_per_epoch, 3, root, mode, timeout_s=20)
+    received = sum(stats['bytes_received'] for stats, _ in results)
+    sent = sum(stats['bytes_sent'] for stats, _ in results)
+    bound = sum(halo for _, halo in results)
+    assert bound > 0
+    # Forward fetches each halo row once; backward sends each gradient
+    # row back once; nothing is re-fetched for a linear message.
+    assert received == sent == 2 * bound
