@@ -26,6 +26,7 @@ __all__ = [
     'reset_comm_stats', 'all_reduce', 'all_gather_object', 'broadcast_',
     'all_to_all_v', 'post_exchange', 'PendingExchange', 'sync_params',
     'all_reduce_grads', 'global_count', 'barrier', 'find_free_port',
+    'ddp_sum_hook',
 ]
 
 
@@ -431,6 +432,24 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
         else:
             p.grad.copy_(chunk)
         offset += n
+
+
+def ddp_sum_hook(state, bucket):
+    """``DistributedDataParallel`` communication hook that *sums* gradients.
+
+    DDP averages gradients over ranks; pyg_sar's loss convention
+    (``local_sum / global_count``) needs the sum. Register it with
+    ``ddp_model.register_comm_hook(None, pyg_sar.comm.ddp_sum_hook)`` and the
+    DDP-trained model equals single-process training, like
+    :func:`all_reduce_grads` does without DDP.
+    """
+    tensor = bucket.buffer()
+    nbytes = tensor.numel() * tensor.element_size()
+    _STATS['collectives'] += 1
+    _STATS['bytes_sent'] += nbytes
+    _STATS['bytes_received'] += nbytes
+    future = dist.all_reduce(tensor, async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0])
 
 
 def global_count(mask_or_count) -> int:

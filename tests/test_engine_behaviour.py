@@ -133,3 +133,54 @@ def test_linear_layer_exchanges_exactly_the_halo_bound(tmp_path, graph_data,
     # Forward fetches each halo row once; backward sends each gradient
     # row back once; nothing is re-fetched for a linear message.
     assert received == sent == 2 * bound
+
+
+def _train_losses(rank, world_size, root, use_ddp):
+    from torch.nn.parallel import DistributedDataParallel
+    from pyg_sar.train import GNN, distributed_loss
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part)
+    torch.manual_seed(3)
+    model = pyg_sar.nn.to_distributed(GNN('sage', 8, 16, 3, num_layers=2,
+                                          dropout=0.0))
+    pyg_sar.sync_params(model)
+    if use_ddp:
+        model = DistributedDataParallel(model)
+        model.register_comm_hook(None, pyg_sar.comm.ddp_sum_hook)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    total = pyg_sar.global_count(part.train_mask)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = distributed_loss(model(part.x, graph), part.y,
+                                part.train_mask, total)
+        loss.backward()
+        if not use_ddp:
+            pyg_sar.all_reduce_grads(model)
+        opt.step()
+        losses.append(float(pyg_sar.comm.all_reduce(loss.detach().clone())))
+    return losses
+
+
+def test_ddp_and_all_reduce_grads_both_equal_single_process(graph_data,
+                                                            two_parts):
+    import torch.nn.functional as F
+    from pyg_sar.train import GNN
+    torch.manual_seed(3)
+    model = GNN('sage', 8, 16, 3, num_layers=2, dropout=0.0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    expected = []
+    for _ in range(5):
+        opt.zero_grad()
+        out = model(graph_data.x, graph_data.edge_index)
+        loss = F.cross_entropy(out[graph_data.train_mask],
+                               graph_data.y[graph_data.train_mask])
+        loss.backward()
+        opt.step()
+        expected.append(float(loss))
+    for use_ddp in (False, True):
+        for losses in run_workers(_train_losses, 2, two_parts, use_ddp,
+                                  timeout_s=30):
+            torch.testing.assert_close(torch.tensor(losses),
+                                       torch.tensor(expected), rtol=1e-4,
+                                       atol=1e-5)
