@@ -276,6 +276,11 @@ class _Runner:
         self.needs_grad = list(needs_grad)
         self.src_names = list(plan.src_slots)
         self.sources = [self.tensors[s] for s in plan.src_slots.values()]
+        # Row shape, dtype and device of each source tensor: what the
+        # backward needs of them when it needs no values.
+        self.source_meta = [(t.shape[1:], t.dtype, t.device)
+                            for t in self.sources]
+        self.num_inputs = len(self.tensors)
         self.state: Dict[str, Any] = {}
         self.any_src_grad = any(self.needs_grad[s]
                                 for s in plan.src_slots.values())
@@ -351,7 +356,10 @@ class _Runner:
     def forward(self) -> Tensor:
         kind = self.plan.kind
         if kind == 'spmm':
-            return self._forward_spmm()
+            out = self._forward_spmm()
+            # A linear backward needs no input values: let them go.
+            self.tensors = self.sources = None
+            return out
         if kind == 'attention':
             return self._forward_attention()
         return self._forward_reduce()
@@ -564,8 +572,9 @@ class _Runner:
         if self.plan.aggr == 'mean':
             grad_out = grad_out / _per_row(g.in_degree.clamp(min=1),
                                            grad_out)
-        self.grads: List[Optional[Tensor]] = [None] * len(self.tensors)
-        self.src_grads = [torch.zeros_like(t) for t in self.sources]
+        self.grads: List[Optional[Tensor]] = [None] * self.num_inputs
+        self.src_grads = [self._source_rows(g.num_nodes, k)
+                          for k in range(len(self.source_meta))]
         if self.plan.kind == 'spmm':
             self._route(self._spmm_block_grad(grad_out))
         else:
@@ -585,10 +594,16 @@ class _Runner:
         if not self.any_src_grad:  # every rank runs the same model
             sends, from_peers = {}, []
         g = self.graph
-        shapes = {q: [((int(g.send_ids[q].numel()), *t.shape[1:]), t.dtype)
-                      for t in self.sources] for q in from_peers}
-        return comm.post_exchange(sends, shapes, self.sources[0].device,
+        shapes = {q: [((int(g.send_ids[q].numel()), *row), dtype)
+                      for row, dtype, _ in self.source_meta]
+                  for q in from_peers}
+        return comm.post_exchange(sends, shapes, self.source_meta[0][2],
                                   _GRAD_TAG)
+
+    def _source_rows(self, num_rows: int, k: int) -> Tensor:
+        """Zeros shaped like ``num_rows`` rows of source tensor ``k``."""
+        row, dtype, device = self.source_meta[k]
+        return torch.zeros((num_rows, *row), dtype=dtype, device=device)
 
     def _receive_grads(self, pending) -> None:
         received = pending.wait()
@@ -641,7 +656,7 @@ class _Runner:
 
     def _spmm_block_grad(self, grad_out: Tensor):
         flat_g = grad_out.reshape(grad_out.shape[0], -1)
-        trailing = self.sources[0].shape[1:]
+        trailing = self.source_meta[0][0]
 
         def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
             acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
@@ -706,8 +721,8 @@ class _Runner:
 
         def block_grad(block: EdgeBlock, tables: Optional[List[Tensor]]
                        ) -> List[Tensor]:
-            acc = [torch.zeros((block.num_src, *t.shape[1:]), dtype=t.dtype,
-                               device=t.device) for t in self.sources]
+            acc = [self._source_rows(block.num_src, k)
+                   for k in range(len(self.source_meta))]
             if self.mode == 'sa' and plan.kind != 'linear':
                 items = kept_by_peer.get(block.peer, [])
             else:
