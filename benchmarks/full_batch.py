@@ -129,6 +129,8 @@ def worker(args: argparse.Namespace) -> None:
 
     rank, world_size = pyg_sar.init_distributed(
         backend='gloo', timeout=timedelta(seconds=args.timeout))
+    if args.pipeline_depth is not None:
+        comm.configure(pipeline_depth=args.pipeline_depth)
     rss_start = _status_mib('VmRSS')
     torch.manual_seed(0)
     info: Dict = {}
@@ -465,6 +467,8 @@ def main(args: argparse.Namespace) -> None:
         common = ['--layers', str(args.layers), '--hidden', str(args.hidden),
                   '--heads', str(args.heads), '--epochs', str(args.epochs),
                   '--timeout', str(args.timeout), '--mode', args.mode]
+        if args.pipeline_depth is not None:
+            common += ['--pipeline-depth', str(args.pipeline_depth)]
         configs = []
         for model in MODELS:
             configs.append((f'{model} stock PyG', 1,
@@ -526,6 +530,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--chunk-size', type=int, default=None,
                         help='edges per chunk of the chunked N=1 run '
                         '(default: E/8)')
+    parser.add_argument('--pipeline-depth', type=int, default=None,
+                        help='ring rounds prefetched (default: the '
+                        'engine default)')
     parser.add_argument('--with-8', action='store_true',
                         help='also run N=8 workers')
     parser.add_argument('--quick', action='store_true',
