@@ -24,7 +24,12 @@ MODES = ('sar', 'sa', 'one_shot')
 # Small enough to cut every block into several chunks.
 CHUNKS = {'synthetic': 37, 'Cora': 1500}
 CONVS = ('sage_mean', 'sage_max', 'sage_sum', 'sage_min_project', 'gcn',
-         'graph', 'gin', 'gat', 'gatv2', 'user_linear', 'user_param')
+         'graph', 'gin', 'gat', 'gatv2', 'user_linear', 'user_param',
+         'gcn_weighted', 'graph_weighted', 'gat_edge_attr',
+         'gatv2_edge_attr')
+# Layers that read per-edge tensors, and which ones.
+EDGE_INPUTS = {'gcn_weighted': 'edge_weight', 'graph_weighted': 'edge_weight',
+               'gat_edge_attr': 'edge_attr', 'gatv2_edge_attr': 'edge_attr'}
 
 
 # User-written layers: one message, a PyG twin and a distributed twin ##########
@@ -124,6 +129,12 @@ def build_conv(kind: str, channels: int, distributed: bool):
         'gat': lambda: pyg_nn.GATConv(channels, 3, heads=2),
         'gatv2': lambda: pyg_nn.GATv2Conv(channels, 6, heads=2,
                                           concat=False),
+        'gcn_weighted': lambda: pyg_nn.GCNConv(channels, 6),
+        'graph_weighted': lambda: pyg_nn.GraphConv(channels, 6),
+        'gat_edge_attr': lambda: pyg_nn.GATConv(channels, 3, heads=2,
+                                                edge_dim=3, residual=True),
+        'gatv2_edge_attr': lambda: pyg_nn.GATv2Conv(
+            channels, 3, heads=2, edge_dim=3, fill_value=0.5),
     }[kind]()
     return pyg_sar.nn.to_distributed(conv) if distributed else conv
 
@@ -145,7 +156,19 @@ def synthetic_data():
              torch.isin(data.edge_index[1], isolated))
     data.edge_index = data.edge_index[:, keep]
     data.x = (data.x * 2).round() / 2
+    gen = torch.Generator().manual_seed(4)
+    data.edge_weight = torch.rand(data.num_edges, generator=gen) + 0.1
+    data.edge_attr = torch.randn(data.num_edges, 3, generator=gen)
     return data
+
+
+def run_conv(kind, conv, x, graph, source):
+    """Calls a conv, handing it the per-edge input it reads from
+    ``source`` (the Data or the Partition)."""
+    name = EDGE_INPUTS.get(kind)
+    if name is None:
+        return conv(x, graph)
+    return conv(x, graph, **{name: getattr(source, name)})
 
 
 def partition(data, world_size: int, out_dir: str) -> str:
@@ -164,10 +187,10 @@ def _worker(rank, world_size, roots, curve_epochs):
         for mode in MODES:
             for chunk in (None, CHUNKS[name]):
                 graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
-                for kind in CONVS:
+                for kind in kinds_for(part):
                     conv = build_conv(kind, x.shape[1], distributed=True)
                     x_in = x.clone().requires_grad_()
-                    out = conv(x_in, graph)
+                    out = run_conv(kind, conv, x_in, graph, part)
                     (out * weights).sum().backward()
                     results[(name, mode, chunk, kind)] = (
                         out.detach(), x_in.grad,
@@ -232,10 +255,15 @@ def _batch_norm(part):
 
 # Single-process references #####################################################
 
+def kinds_for(data):
+    return [k for k in CONVS if k not in EDGE_INPUTS
+            or getattr(data, EDGE_INPUTS[k], None) is not None]
+
+
 def reference(data, kind: str):
     conv = build_conv(kind, data.x.shape[1], distributed=False)
     x = data.x.float().clone().requires_grad_()
-    out = conv(x, data.edge_index)
+    out = run_conv(kind, conv, x, data.edge_index, data)
     (out * probe(data.num_nodes, 6)).sum().backward()
     return out.detach(), x.grad, {n: p.grad for n, p in
                                   conv.named_parameters()}
@@ -283,7 +311,7 @@ def test_distributed_equals_single_process(world_size, tmp_path, request):
 
     for name, data in data_sets.items():
         ids = torch.cat([r[(name, 'ids')] for r in results])
-        for kind in CONVS:
+        for kind in kinds_for(data):
             ref_out, ref_grad_x, ref_grads = reference(data, kind)
             for mode in MODES:
                 for chunk in (None, CHUNKS[name]):
