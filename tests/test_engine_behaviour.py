@@ -184,3 +184,36 @@ def test_ddp_and_all_reduce_grads_both_equal_single_process(graph_data,
             torch.testing.assert_close(torch.tensor(losses),
                                        torch.tensor(expected), rtol=1e-4,
                                        atol=1e-5)
+
+
+def _prefetch_and_split(rank, world_size, root):
+    part = pyg_sar.load_partition(root, rank)
+    results = []
+    for depth, cap in ((0, 256 * 1024 * 1024), (1, 64), (3, 40)):
+        pyg_sar.configure(pipeline_depth=depth, max_bytes_per_message=cap)
+        pyg_sar.reset_comm_stats()
+        graph = pyg_sar.DistGraph(part, mode='sar')
+        torch.manual_seed(0)
+        conv = pyg_sar.nn.SAGEConv(part.x.shape[1], 4, aggr='max')
+        x = part.x.clone().requires_grad_()
+        out = conv(x, graph)
+        (out * out).sum().backward()
+        results.append((out.detach(), x.grad, conv.lin_l.weight.grad,
+                        pyg_sar.comm_stats()))
+    return results
+
+
+def test_prefetch_depth_and_message_cap_do_not_change_results(graph_data,
+                                                              tmp_path):
+    root = str(tmp_path / 'four')
+    pyg_sar.partition_graph(graph_data, 4, root)
+    for per_rank in run_workers(_prefetch_and_split, 4, root, timeout_s=30):
+        reference = per_rank[0]
+        for out, grad_x, grad_w, stats in per_rank[1:]:
+            assert torch.equal(out, reference[0])
+            assert torch.equal(grad_x, reference[1])
+            assert torch.equal(grad_w, reference[2])
+            # Same bytes, more (smaller) messages under a byte cap.
+            assert stats['bytes_received'] == reference[3]['bytes_received']
+            assert stats['messages_received'] > \
+                reference[3]['messages_received']
