@@ -353,7 +353,8 @@ def prepare(args: argparse.Namespace) -> None:
     cuts = {}
     for n in worker_counts:
         out = osp.join(work, f'parts_{n}')
-        manifest = partition_graph(data, n, out, progress=False)
+        manifest = partition_graph(data, n, out, progress=False,
+                                   overwrite=True)
         cuts[n] = manifest['edge_cut']['fraction']
         print(f'  METIS {n} parts: edge cut {100 * cuts[n]:.1f}%',
               flush=True)
