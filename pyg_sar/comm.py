@@ -46,10 +46,16 @@ class CommConfig:
         pipeline_depth: How many ring rounds ahead the SAR engine posts its
             exchanges while it aggregates the current round (0 disables
             prefetching; each extra round costs one halo block of memory).
+        edge_memory_budget: Bytes the SAR engine may spend on per-edge
+            temporaries (gathered features, messages) of non-linear layers;
+            blocks are cut into edge chunks that fit, even without a
+            ``chunk_size``. Linear layers run as sparse products and need
+            none.
     """
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024
     pipeline_depth: int = 1
+    edge_memory_budget: int = 128 * 1024 * 1024
 
 
 _CONFIG = CommConfig()
@@ -85,8 +91,14 @@ def config() -> CommConfig:
 
 def configure(timeout: Optional[timedelta] = None,
               max_bytes_per_message: Optional[int] = None,
-              pipeline_depth: Optional[int] = None) -> CommConfig:
-    """Changes the communication settings; ``None`` keeps a setting."""
+              pipeline_depth: Optional[int] = None,
+              edge_memory_budget: Optional[int] = None) -> CommConfig:
+    """Changes the settings of :class:`CommConfig`; ``None`` keeps one."""
+    if edge_memory_budget is not None:
+        if edge_memory_budget < 1:
+            raise ValueError(f"edge_memory_budget must be >= 1 "
+                             f"(got {edge_memory_budget})")
+        _CONFIG.edge_memory_budget = int(edge_memory_budget)
     if timeout is not None:
         _CONFIG.timeout = timeout
     if max_bytes_per_message is not None:

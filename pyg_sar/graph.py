@@ -8,7 +8,7 @@ and agrees with every peer, once, on which rows travel between them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -63,21 +63,42 @@ class EdgeChunk:
         return self._csr_t
 
 
-@dataclass
 class EdgeBlock:
-    """All edges into this worker whose sources live on partition ``peer``.
+    """All edges into this worker whose sources live on partition ``peer``,
+    sorted by destination.
 
     ``num_src`` rows make up its source table: for the local block the whole
     local node set, for a remote block the rows ``DistGraph.recv_ids[peer]``
-    fetched from the peer.
+    fetched from the peer. ``src`` indexes that table, ``dst`` is the local
+    destination and ``edge_pos`` the position in the graph's edge order.
     """
-    peer: int
-    num_src: int
-    chunks: List[EdgeChunk] = field(default_factory=list)
+
+    def __init__(self, peer: int, num_src: int, src: Tensor, dst: Tensor,
+                 edge_pos: Tensor, num_nodes: int,
+                 chunk_size: Optional[int]) -> None:
+        self.peer = peer
+        self.num_src = num_src
+        self.src, self.dst, self.edge_pos = src, dst, edge_pos
+        self.num_nodes = num_nodes
+        self.chunk_size = chunk_size
+        self._chunks: Dict[Optional[int], List[EdgeChunk]] = {}
 
     @property
     def num_edges(self) -> int:
-        return sum(c.num_edges for c in self.chunks)
+        return int(self.src.numel())
+
+    @property
+    def chunks(self) -> List[EdgeChunk]:
+        """Chunks of at most the graph's ``chunk_size`` edges."""
+        return self.chunked(self.chunk_size)
+
+    def chunked(self, max_edges: Optional[int]) -> List[EdgeChunk]:
+        """Chunks of at most ``max_edges`` edges (``None``: one chunk);
+        cached, so forward and backward see the same cut."""
+        if max_edges not in self._chunks:
+            self._chunks[max_edges] = _make_chunks(
+                self.src, self.dst, self.edge_pos, max_edges, self.num_nodes)
+        return self._chunks[max_edges]
 
 
 def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
@@ -228,9 +249,8 @@ class DistGraph:
             src, dst, pos = self._block_edges[q]
             num_src = self.num_nodes if q == p else int(
                 self.recv_ids[q].numel())
-            self.blocks.append(EdgeBlock(
-                q, num_src,
-                _make_chunks(src, dst, pos, self.chunk_size, self.num_nodes)))
+            self.blocks.append(EdgeBlock(q, num_src, src, dst, pos,
+                                         self.num_nodes, self.chunk_size))
         self._merged: Optional[EdgeBlock] = None
 
     # Queries #################################################################
@@ -249,20 +269,17 @@ class DistGraph:
         """All edges as one block over the table ``[local rows; halo rows of
         each remote block in ring order]`` (the ``one_shot`` layout)."""
         if self._merged is None:
-            srcs, dsts, poss = [], [], []
-            offset = 0
+            srcs, offset = [], 0
             for block in self.blocks:
-                for chunk in block.chunks:
-                    srcs.append(chunk.src + offset)
-                    dsts.append(chunk.dst)
-                    poss.append(chunk.edge_pos)
+                srcs.append(block.src + offset)
                 offset += block.num_src
-            src, dst, pos = torch.cat(srcs), torch.cat(dsts), torch.cat(poss)
+            src = torch.cat(srcs)
+            dst = torch.cat([b.dst for b in self.blocks])
+            pos = torch.cat([b.edge_pos for b in self.blocks])
             order = torch.argsort(dst, stable=True)
-            self._merged = EdgeBlock(
-                self.rank, offset,
-                _make_chunks(src[order], dst[order], pos[order],
-                             self.chunk_size, self.num_nodes))
+            self._merged = EdgeBlock(self.rank, offset, src[order], dst[order],
+                                     pos[order], self.num_nodes,
+                                     self.chunk_size)
         return self._merged
 
     @property

@@ -23,6 +23,7 @@ peers send.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, \
     Tuple
@@ -281,9 +282,28 @@ class _Runner:
         self.source_meta = [(t.shape[1:], t.dtype, t.device)
                             for t in self.sources]
         self.num_inputs = len(self.tensors)
+        self.max_chunk_edges = self._chunk_limit()
         self.state: Dict[str, Any] = {}
         self.any_src_grad = any(self.needs_grad[s]
                                 for s in plan.src_slots.values())
+
+    def _chunk_limit(self) -> Optional[int]:
+        """Edges per chunk: the graph's ``chunk_size``, and for non-linear
+        layers at most what keeps a few per-edge copies of the widest node
+        row inside the configured ``edge_memory_budget``."""
+        if self.plan.kind == 'spmm':
+            return None  # sparse products hold no per-edge features
+        row_bytes = max([math.prod(t.shape[1:]) * t.element_size()
+                         for t in self.tensors if t.dim() > 0] + [1])
+        # Gathered rows, messages and their gradients coexist in backward.
+        live_copies = 4
+        limit = max(1024, comm.config().edge_memory_budget //
+                    (row_bytes * live_copies))
+        chunk_size = self.graph.chunk_size
+        return limit if chunk_size is None else min(limit, chunk_size)
+
+    def _chunks(self, block: EdgeBlock) -> List[EdgeChunk]:
+        return block.chunked(self.max_chunk_edges)
 
     # Ring exchange ###########################################################
 
@@ -436,7 +456,7 @@ class _Runner:
         kept = []
         for block, tables in self._blocks():
             named = self._named_tables(tables, leaves=keep)
-            for c_idx, chunk in enumerate(block.chunks):
+            for c_idx, chunk in enumerate(self._chunks(block)):
                 msg, = self._compute(chunk, named, dsts, edges, grad=keep)
                 if out is None:
                     out, count = self._init_reduce(msg)
@@ -493,7 +513,7 @@ class _Runner:
             if out is None:
                 out = x.new_zeros((g.num_nodes, *x.shape[1:]))
             flat = x.reshape(x.shape[0], -1)
-            for chunk in block.chunks:
+            for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
                 crow, col = chunk.csr()
@@ -515,7 +535,7 @@ class _Runner:
         kept = []
         for block, tables in self._blocks():
             named = self._named_tables(tables, leaves=keep)
-            for c_idx, chunk in enumerate(block.chunks):
+            for c_idx, chunk in enumerate(self._chunks(block)):
                 score, value = self._compute(chunk, named, dsts, edges,
                                              grad=keep)
                 if out is None:
@@ -660,7 +680,7 @@ class _Runner:
 
         def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
             acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
-            for chunk in block.chunks:
+            for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
                 crow, col, perm = chunk.csr_transposed(block.num_src)
@@ -732,7 +752,7 @@ class _Runner:
                     tables = [torch.zeros_like(a) for a in acc]
                 named = self._named_tables(tables, leaves=True)
                 items = [(chunk, c_idx, named, None)
-                         for c_idx, chunk in enumerate(block.chunks)
+                         for c_idx, chunk in enumerate(self._chunks(block))
                          if chunk.num_edges > 0]
             for chunk, c_idx, named, outputs in items:
                 table_grads = chunk_grads(block.peer, chunk, c_idx, named,

@@ -106,15 +106,13 @@ class GCNConv(DistMessagePassing):
         dst_of_edge = torch.empty(graph.num_edges, dtype=torch.long)
         src_deg = torch.empty(graph.num_edges, dtype=edge_weight.dtype)
         for block in graph.blocks:
-            for chunk in block.chunks:
-                dst_of_edge[chunk.edge_pos] = chunk.dst
+            dst_of_edge[block.edge_pos] = block.dst
         deg.index_add_(0, dst_of_edge, edge_weight)
         deg_inv_sqrt = deg.pow(-0.5)
         deg_inv_sqrt.masked_fill_(deg_inv_sqrt == float('inf'), 0)
         for block, values in zip(graph.blocks,
                                  graph.source_values(deg_inv_sqrt)):
-            for chunk in block.chunks:
-                src_deg[chunk.edge_pos] = values[chunk.src]
+            src_deg[block.edge_pos] = values[block.src]
         norm = src_deg * edge_weight * deg_inv_sqrt[dst_of_edge]
         return graph, norm
 
