@@ -239,7 +239,7 @@ def _launch(script_args: List[str], world_size: int, out_dir: str,
         env = dict(os.environ)
         threads = str(max(1, 2 // world_size))
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-        if mmap_threshold is not None:
+        if mmap_threshold:
             # A fixed threshold turns off glibc's dynamic one, which after
             # the first large free serves blocks up to 32 MiB from the heap,
             # whose freed pages stay resident (RSS above live tensors).
@@ -549,8 +549,8 @@ def main(args: argparse.Namespace) -> None:
                       heads=args.heads, mode=args.mode,
                       epochs=args.epochs, rows=rows, targets=checks)
         name = 'full_batch_quick' if args.quick else 'full_batch'
-        if args.malloc_mmap_threshold is not None:
-            name += '_mmap'
+        if not args.malloc_mmap_threshold:
+            name += '_dynamic_malloc'
         with open(osp.join(args.out, f'{name}.json'), 'w') as f:
             json.dump(result, f, indent=1)
         plot(rows, osp.join(args.out, f'{name}.png'))
@@ -579,10 +579,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--pipeline-depth', type=int, default=None,
                         help='ring rounds prefetched (default: the '
                         'engine default)')
-    parser.add_argument('--malloc-mmap-threshold', type=int, default=None,
-                        help='set MALLOC_MMAP_THRESHOLD_ (bytes) in the '
-                        'workers, e.g. 1048576: RSS then tracks live tensors '
-                        '(default: glibc\'s dynamic threshold)')
+    parser.add_argument('--malloc-mmap-threshold', type=int, default=1 << 20,
+                        help='MALLOC_MMAP_THRESHOLD_ (bytes) of every worker, '
+                        'stock PyG included: RSS then tracks live tensors, as '
+                        'under pyg-sar train, which sets the same (default: '
+                        '%(default)s; 0: glibc\'s dynamic threshold)')
     parser.add_argument('--with-8', action='store_true',
                         help='also run N=8 workers')
     parser.add_argument('--quick', action='store_true',

@@ -99,6 +99,27 @@ def evaluate(model: torch.nn.Module, x: Tensor, graph, y: Tensor,
     return result
 
 
+def limit_heap_retention(threshold_bytes: int = 1 << 20) -> bool:
+    """Makes glibc return freed tensor memory to the OS.
+
+    glibc's dynamic mmap threshold rises after the first large free, so
+    later blocks of up to 32 MiB come from the heap and their pages stay
+    resident after the tensors die: per-worker RSS then tracks the largest
+    activations ever seen rather than the live ones, which hides the 1/N
+    memory reduction. A fixed threshold (what ``MALLOC_MMAP_THRESHOLD_``
+    sets) serves such blocks with mmap again. Returns False where the C
+    library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+    m_mmap_threshold = -3
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+        return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
+    except (OSError, AttributeError):
+        return False
+
+
 def train(parts: str, model: str = 'sage', layers: int = 3,
           hidden: int = 256, heads: int = 4, epochs: int = 10,
           lr: float = 0.01, dropout: float = 0.5, mode: str = 'sar',
@@ -110,6 +131,7 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     rank). Rank 0 prints each epoch's loss and accuracies."""
     import pyg_sar
     from pyg_sar.nn import to_distributed
+    limit_heap_retention()
     rank, world_size = pyg_sar.init_distributed(
         timeout=timedelta(seconds=timeout_s))
     comm.configure(pipeline_depth=pipeline_depth)

@@ -388,88 +388,95 @@ class _Runner:
         return self.mode == 'sa' and self.plan.kind != 'linear' and \
             any(self.needs_grad)
 
-    def _leaf(self, t: Tensor, slot_idx: int, leaves: bool) -> Tensor:
-        if leaves and self.needs_grad[slot_idx]:
-            return t.detach().requires_grad_()
-        return t
-
-    def _node_edge_inputs(self, leaves: bool):
-        """Destination and edge tensors by name; with ``leaves``, fresh
-        autograd leaves (by slot in ``made``) where a gradient is needed."""
-        plan = self.plan
-        made: Dict[int, Tensor] = {}
-        for s in list(plan.dst_slots.values()) + list(
-                plan.edge_slots.values()):
-            if s not in made:
-                made[s] = self._leaf(self.tensors[s], s, leaves)
-        dsts = {n: made[s] for n, s in plan.dst_slots.items()}
-        edges = {n: made[s] for n, s in plan.edge_slots.items()}
-        return dsts, edges, made
-
-    def _named_tables(self, tables: List[Tensor], leaves: bool
-                      ) -> Dict[str, Tensor]:
-        return {n: self._leaf(t, self.plan.src_slots[n], leaves)
-                for n, t in zip(self.src_names, tables)}
+    def _wants_grad(self, key: Tuple[str, Any]) -> bool:
+        kind, ref = key
+        slot_idx = self.plan.src_slots[ref] if kind == 'src' else ref
+        return self.needs_grad[slot_idx]
 
     def _chunk_args(self, method: str, chunk: EdgeChunk,
-                    tables: Dict[str, Tensor], dsts: Dict[str, Tensor],
-                    edges: Dict[str, Tensor]) -> Dict[str, Any]:
+                    tables: Dict[str, Tensor], made: Optional[Dict]
+                    ) -> Dict[str, Any]:
+        """The keyword arguments of ``method`` for one chunk. With ``made``
+        (a dict, shared by the calls of one chunk), the gathered rows that
+        need a gradient become autograd leaves recorded there as
+        ``key -> (leaf, index)``: their gradients are scattered back with
+        ``index``, so no full-size table gradient is built per chunk."""
         plan = self.plan
         args = {}
         for name in plan.sig.params[method]:
             base = name[:-2]
             if name.endswith('_j') and base in tables:
-                args[name] = tables[base].index_select(0, chunk.src)
-            elif name.endswith('_i') and base in dsts:
-                args[name] = dsts[base].index_select(0, chunk.dst)
-            elif name in edges:
-                args[name] = edges[name].index_select(0, chunk.edge_pos)
-            elif name == 'index':
-                args[name] = chunk.dst
-            elif name in ('dim_size', 'size_i'):
-                args[name] = self.graph.num_nodes
-            elif name == 'ptr':
-                args[name] = None
-            elif name in plan.constants:
-                args[name] = plan.constants[name]
+                key, table, index = ('src', base), tables[base], chunk.src
+            elif name.endswith('_i') and base in plan.dst_slots:
+                slot_idx = plan.dst_slots[base]
+                key, table, index = (('dst', slot_idx),
+                                     self.tensors[slot_idx], chunk.dst)
+            elif name in plan.edge_slots:
+                slot_idx = plan.edge_slots[name]
+                key, table, index = (('edge', slot_idx),
+                                     self.tensors[slot_idx], chunk.edge_pos)
+            else:
+                if name == 'index':
+                    args[name] = chunk.dst
+                elif name in ('dim_size', 'size_i'):
+                    args[name] = self.graph.num_nodes
+                elif name == 'ptr':
+                    args[name] = None
+                elif name in plan.constants:
+                    args[name] = plan.constants[name]
+                continue
+            if made is not None and key in made:
+                args[name] = made[key][0]
+                continue
+            rows = table.index_select(0, index)
+            if made is not None and self._wants_grad(key):
+                rows.requires_grad_()
+                made[key] = (rows, index)
+            args[name] = rows
         return args
 
-    def _compute(self, chunk, tables, dsts, edges, grad: bool
-                 ) -> Tuple[Tensor, ...]:
-        """The chunk's messages, or ``(scores, values)`` for attention."""
+    def _compute(self, chunk: EdgeChunk, tables: Dict[str, Tensor],
+                 grad: bool) -> Tuple[Tuple[Tensor, ...], Dict]:
+        """The chunk's messages (or ``(scores, values)`` for attention), and
+        the gathered leaves they were computed from when ``grad``."""
         module = self.module
+        made: Optional[Dict] = {} if grad else None
         with torch.set_grad_enabled(grad):
             if self.plan.kind == 'attention':
-                return (module.edge_score(**self._chunk_args(
-                    'edge_score', chunk, tables, dsts, edges)),
-                        module.message(**self._chunk_args(
-                            'message', chunk, tables, dsts, edges)))
-            return (module.message(**self._chunk_args(
-                'message', chunk, tables, dsts, edges)), )
+                outputs = (module.edge_score(**self._chunk_args(
+                    'edge_score', chunk, tables, made)),
+                           module.message(**self._chunk_args(
+                               'message', chunk, tables, made)))
+            else:
+                outputs = (module.message(**self._chunk_args(
+                    'message', chunk, tables, made)), )
+        return outputs, made
+
+    def _named(self, tables: List[Tensor]) -> Dict[str, Tensor]:
+        return dict(zip(self.src_names, tables))
 
     def _forward_reduce(self) -> Tensor:
         """sum / mean / max / min of general messages."""
         g = self.graph
         keep = self._keeps_graph()
-        dsts, edges, made = self._node_edge_inputs(leaves=keep)
         out = count = None
         kept = []
         for block, tables in self._blocks():
-            named = self._named_tables(tables, leaves=keep)
+            named = self._named(tables)
             for c_idx, chunk in enumerate(self._chunks(block)):
-                msg, = self._compute(chunk, named, dsts, edges, grad=keep)
+                outputs, made = self._compute(chunk, named, grad=keep)
                 if out is None:
-                    out, count = self._init_reduce(msg)
+                    out, count = self._init_reduce(outputs[0])
                 if chunk.num_edges == 0:
                     continue
                 if keep:
-                    kept.append((block.peer, chunk, c_idx, named, (msg, )))
-                self._combine(out, count, msg.detach(), chunk)
+                    kept.append((block.peer, chunk, c_idx, made, outputs))
+                self._combine(out, count, outputs[0].detach(), chunk)
         if self.plan.aggr == 'mean':
             out = out / _per_row(g.in_degree.clamp(min=1), out)
         elif count is not None:
             out = torch.where(count > 0, out, torch.zeros_like(out))
-        self.state.update(out=out, count=count, kept=kept, made=made)
+        self.state.update(out=out, count=count, kept=kept)
         return out
 
     def _init_reduce(self, msg: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
@@ -530,14 +537,12 @@ class _Runner:
         """Online softmax over all in-edges of each destination and head."""
         g = self.graph
         keep = self._keeps_graph()
-        dsts, edges, made = self._node_edge_inputs(leaves=keep)
         run_max = run_sum = out = None
         kept = []
         for block, tables in self._blocks():
-            named = self._named_tables(tables, leaves=keep)
+            named = self._named(tables)
             for c_idx, chunk in enumerate(self._chunks(block)):
-                score, value = self._compute(chunk, named, dsts, edges,
-                                             grad=keep)
+                (score, value), made = self._compute(chunk, named, grad=keep)
                 if out is None:
                     run_max = score.new_full((g.num_nodes, *score.shape[1:]),
                                              float('-inf'))
@@ -546,7 +551,7 @@ class _Runner:
                 if chunk.num_edges == 0:
                     continue
                 if keep:
-                    kept.append((block.peer, chunk, c_idx, named,
+                    kept.append((block.peer, chunk, c_idx, made,
                                  (score, value)))
                 score, value = score.detach(), value.detach()
                 lo, hi = chunk.row_start, chunk.row_end
@@ -569,7 +574,7 @@ class _Runner:
                 run_max[lo:hi] = new_max
         out = out / (run_sum + _SOFTMAX_EPS).unsqueeze(-1)
         self.state.update(out=out, run_max=run_max, run_sum=run_sum,
-                          kept=kept, made=made)
+                          kept=kept)
         return out
 
     def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
@@ -697,24 +702,20 @@ class _Runner:
         analytic gradient of the aggregation through them."""
         plan = self.plan
         kept_by_peer: Dict[int, list] = {}
-        if self.mode == 'sa' and plan.kind != 'linear':
-            made = self.state['made']
-            dsts = edges = None
-            for item in self.state['kept']:
-                kept_by_peer.setdefault(item[0], []).append(item[1:])
-        else:
-            dsts, edges, made = self._node_edge_inputs(leaves=True)
-        leaves = [t for t in made.values() if t.requires_grad]
+        for peer, *item in self.state.get('kept', []):
+            kept_by_peer.setdefault(peer, []).append(item)
         params = ([] if plan.kind == 'linear' else
                   [p for p in self.params.values() if p.requires_grad])
-        leaf_grads: Dict[int, Tensor] = {}
         param_grads: Dict[int, Tensor] = {}
+        # Gradients of destination and edge tensors, summed over chunks.
+        local_grads: Dict[int, Tensor] = {}
         delta = ((grad_out * self.state['out']).sum(-1)
                  if plan.kind == 'attention' else None)
 
-        def chunk_grads(peer, chunk, c_idx, named, outputs):
+        def chunk_grads(peer, chunk, c_idx, tables, made, outputs,
+                        acc: List[Tensor]) -> None:
             if outputs is None:
-                outputs = self._compute(chunk, named, dsts, edges, grad=True)
+                outputs, made = self._compute(chunk, tables, grad=True)
             with torch.no_grad():
                 if plan.kind == 'attention':
                     grad_outputs = self._attention_grads(
@@ -722,51 +723,54 @@ class _Runner:
                 else:
                     grad_outputs = (self._reduce_grad(chunk, outputs[0],
                                                       grad_out), )
-            tables = [named[n] for n in self.src_names
-                      if named[n].requires_grad]
-            targets = tables + leaves + params
+            keys = list(made)
+            targets = [made[k][0] for k in keys] + params
+            if not targets:
+                return
             res = torch.autograd.grad(outputs, targets, grad_outputs,
                                       allow_unused=True)
-            for store, keys, values in (
-                    (leaf_grads, leaves, res[len(tables):len(tables) +
-                                             len(leaves)]),
-                    (param_grads, params, res[len(tables) + len(leaves):])):
-                for key, value in zip(keys, values):
-                    if value is not None:
-                        k = id(key)
-                        store[k] = value if k not in store else store[k] + value
-            it = iter(res[:len(tables)])
-            return {n: next(it) for n in self.src_names
-                    if named[n].requires_grad}
+            for key, value in zip(keys, res):
+                if value is None:
+                    continue
+                kind, ref = key
+                index = made[key][1]
+                if kind == 'src':
+                    acc[self.src_names.index(ref)].index_add_(0, index, value)
+                else:
+                    if ref not in local_grads:
+                        local_grads[ref] = torch.zeros_like(self.tensors[ref])
+                    local_grads[ref].index_add_(0, index, value)
+            for p, value in zip(params, res[len(keys):]):
+                if value is not None:
+                    k = id(p)
+                    param_grads[k] = value if k not in param_grads \
+                        else param_grads[k] + value
 
         def block_grad(block: EdgeBlock, tables: Optional[List[Tensor]]
                        ) -> List[Tensor]:
             acc = [self._source_rows(block.num_src, k)
                    for k in range(len(self.source_meta))]
             if self.mode == 'sa' and plan.kind != 'linear':
-                items = kept_by_peer.get(block.peer, [])
-            else:
-                if plan.kind == 'linear':
-                    # The VJP of a linear message does not depend on the
-                    # source rows: evaluate it at zero, nothing re-fetched.
-                    tables = [torch.zeros_like(a) for a in acc]
-                named = self._named_tables(tables, leaves=True)
-                items = [(chunk, c_idx, named, None)
-                         for c_idx, chunk in enumerate(self._chunks(block))
-                         if chunk.num_edges > 0]
-            for chunk, c_idx, named, outputs in items:
-                table_grads = chunk_grads(block.peer, chunk, c_idx, named,
-                                          outputs)
-                for k, n in enumerate(self.src_names):
-                    if table_grads.get(n) is not None:
-                        acc[k] += table_grads[n]
+                for chunk, c_idx, made, outputs in kept_by_peer.get(
+                        block.peer, []):
+                    chunk_grads(block.peer, chunk, c_idx, None, made,
+                                outputs, acc)
+                return acc
+            if plan.kind == 'linear':
+                # The VJP of a linear message does not depend on the source
+                # rows: evaluate it at zero, nothing re-fetched.
+                tables = [torch.zeros_like(a) for a in acc]
+            named = self._named(tables)
+            for c_idx, chunk in enumerate(self._chunks(block)):
+                if chunk.num_edges > 0:
+                    chunk_grads(block.peer, chunk, c_idx, named, None, None,
+                                acc)
             return acc
 
         refetch = self.mode == 'sar' and plan.kind != 'linear'
         self._route(block_grad, refetch=refetch)
-        for s, leaf in made.items():
-            if id(leaf) in leaf_grads:
-                self._add(s, leaf_grads[id(leaf)])
+        for s, value in local_grads.items():
+            self._add(s, value)
         for s, p in self.params.items():
             if id(p) in param_grads:
                 self._add(s, param_grads[id(p)])
