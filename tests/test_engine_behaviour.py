@@ -217,3 +217,36 @@ def test_prefetch_depth_and_message_cap_do_not_change_results(graph_data,
             assert stats['bytes_received'] == reference[3]['bytes_received']
             assert stats['messages_received'] > \
                 reference[3]['messages_received']
+
+
+@pytest.mark.parametrize('mode', ['sar', 'sa', 'one_shot'])
+@pytest.mark.parametrize('conv_cls', ['GATConv', 'GATv2Conv'])
+def test_attention_dropout_replays_its_mask_in_backward(graph_data, tmp_path,
+                                                        mode, conv_cls):
+    root = str(tmp_path / 'one')
+    pyg_sar.partition_graph(graph_data, 1, root)
+    part = pyg_sar.load_partition(root, 0)
+    graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=97)
+    torch.manual_seed(0)
+    conv = getattr(pyg_sar.nn, conv_cls)(8, 3, heads=2, dropout=0.5).double()
+    weights = torch.randn(part.num_local_nodes, 6, dtype=torch.float64)
+
+    def loss(x):
+        torch.manual_seed(42)  # the same dropout masks on every call
+        return (conv(x, graph) * weights).sum()
+
+    x = part.x.double().requires_grad_()
+    loss(x).backward()
+    with torch.no_grad():
+        conv.eval()
+        no_dropout = (conv(x, graph) * weights).sum()
+        conv.train()
+        assert not torch.isclose(loss(x), no_dropout)
+        # Directional derivative: the gradient is that of the function the
+        # forward computed with its dropout masks.
+        direction = torch.randn_like(x)
+        eps = 1e-6
+        numeric = (loss(x + eps * direction) -
+                   loss(x - eps * direction)) / (2 * eps)
+    torch.testing.assert_close((x.grad * direction).sum(), numeric,
+                               rtol=1e-5, atol=1e-7)

@@ -102,6 +102,9 @@ class _Plan:
     constants: Dict[str, Any]
     kind: str = 'general'          # 'general' | 'linear' | 'spmm' | 'attention'
     linear_weight: Optional[Tensor] = None
+    # Attention whose values are the rows of this source tensor, unchanged:
+    # aggregated with one sparse product per head, never gathered per edge.
+    value_source: Optional[str] = None
     dropout: float = 0.0
     seed: int = 0
 
@@ -173,6 +176,12 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
                  [], constants)
     if module.attention:
         plan.kind = 'attention'
+        message_args = sig.params['message']
+        if module.message_is_identity and len(message_args) == 1 and \
+                message_args[0].endswith('_j') and \
+                src_slots and tensors[src_slots[message_args[0][:-2]]
+                                      ].dim() == 3:
+            plan.value_source = message_args[0][:-2]
         plan.dropout = float(module.attention_dropout) \
             if module.training else 0.0
         if plan.dropout > 0:
@@ -293,14 +302,30 @@ class _Runner:
         row inside the configured ``edge_memory_budget``."""
         if self.plan.kind == 'spmm':
             return None  # sparse products hold no per-edge features
+        tensors = self.tensors
+        if self.plan.value_source is not None:
+            # Only the score's inputs are gathered per edge.
+            tensors = [self.tensors[s] for s in self._slots_read('edge_score')]
         row_bytes = max([math.prod(t.shape[1:]) * t.element_size()
-                         for t in self.tensors if t.dim() > 0] + [1])
+                         for t in tensors if t.dim() > 0] + [1])
         # Gathered rows, messages and their gradients coexist in backward.
         live_copies = 4
         limit = max(1024, comm.config().edge_memory_budget //
                     (row_bytes * live_copies))
         chunk_size = self.graph.chunk_size
         return limit if chunk_size is None else min(limit, chunk_size)
+
+    def _slots_read(self, method: str) -> List[int]:
+        plan, slots = self.plan, []
+        for name in plan.sig.params[method]:
+            base = name[:-2]
+            if name.endswith('_j') and base in plan.src_slots:
+                slots.append(plan.src_slots[base])
+            elif name.endswith('_i') and base in plan.dst_slots:
+                slots.append(plan.dst_slots[base])
+            elif name in plan.edge_slots:
+                slots.append(plan.edge_slots[name])
+        return slots
 
     def _chunks(self, block: EdgeBlock) -> List[EdgeChunk]:
         return block.chunked(self.max_chunk_edges)
@@ -444,9 +469,10 @@ class _Runner:
         with torch.set_grad_enabled(grad):
             if self.plan.kind == 'attention':
                 outputs = (module.edge_score(**self._chunk_args(
-                    'edge_score', chunk, tables, made)),
-                           module.message(**self._chunk_args(
-                               'message', chunk, tables, made)))
+                    'edge_score', chunk, tables, made)), )
+                if self.plan.value_source is None:
+                    outputs += (module.message(**self._chunk_args(
+                        'message', chunk, tables, made)), )
             else:
                 outputs = (module.message(**self._chunk_args(
                     'message', chunk, tables, made)), )
@@ -470,7 +496,8 @@ class _Runner:
                 if chunk.num_edges == 0:
                     continue
                 if keep:
-                    kept.append((block.peer, chunk, c_idx, made, outputs))
+                    kept.append((block.peer, chunk, c_idx, made, outputs,
+                                 None))
                 self._combine(out, count, outputs[0].detach(), chunk)
         if self.plan.aggr == 'mean':
             out = out / _per_row(g.in_degree.clamp(min=1), out)
@@ -541,19 +568,24 @@ class _Runner:
         kept = []
         for block, tables in self._blocks():
             named = self._named(tables)
+            heads = self._value_heads(named)
             for c_idx, chunk in enumerate(self._chunks(block)):
-                (score, value), made = self._compute(chunk, named, grad=keep)
+                outputs, made = self._compute(chunk, named, grad=keep)
+                score = outputs[0]
+                value = outputs[1] if heads is None else None
                 if out is None:
                     run_max = score.new_full((g.num_nodes, *score.shape[1:]),
                                              float('-inf'))
                     run_sum = torch.zeros_like(run_max)
-                    out = value.new_zeros((g.num_nodes, *value.shape[1:]))
+                    width = (value.shape[1:] if heads is None else
+                             (heads.shape[0], heads.shape[2]))
+                    out = score.new_zeros((g.num_nodes, *width))
                 if chunk.num_edges == 0:
                     continue
                 if keep:
-                    kept.append((block.peer, chunk, c_idx, made,
-                                 (score, value)))
-                score, value = score.detach(), value.detach()
+                    kept.append((block.peer, chunk, c_idx, made, outputs,
+                                 heads))
+                score = score.detach()
                 lo, hi = chunk.row_start, chunk.row_end
                 rows = chunk.dst - lo
                 idx = rows.view(-1, 1).expand_as(score)
@@ -569,13 +601,38 @@ class _Runner:
                 weight = weight * self._dropout_mask(block.peer, c_idx,
                                                      weight)
                 part = out[lo:hi] * scale.unsqueeze(-1)
-                part.index_add_(0, rows, weight.unsqueeze(-1) * value)
+                if heads is None:
+                    part.index_add_(0, rows,
+                                    weight.unsqueeze(-1) * value.detach())
+                else:
+                    part += self._per_head_spmm(chunk, weight, heads,
+                                                block.num_src)
                 out[lo:hi] = part
                 run_max[lo:hi] = new_max
         out = out / (run_sum + _SOFTMAX_EPS).unsqueeze(-1)
         self.state.update(out=out, run_max=run_max, run_sum=run_sum,
                           kept=kept)
         return out
+
+    def _value_heads(self, tables: Dict[str, Tensor]) -> Optional[Tensor]:
+        """The value rows head-major, ``[H, num_src, C]``, on the sparse
+        value path (one contiguous matrix per head for the products)."""
+        if self.plan.value_source is None:
+            return None
+        return tables[self.plan.value_source].transpose(0, 1).contiguous()
+
+    @staticmethod
+    def _per_head_spmm(chunk: EdgeChunk, weight: Tensor, heads: Tensor,
+                       num_src: int) -> Tensor:
+        """``sum_j weight[e, h] * value[j, h]`` per destination row of the
+        chunk: one CSR product per head, no per-edge value rows."""
+        crow, col = chunk.csr()
+        shape = (chunk.row_end - chunk.row_start, num_src)
+        return torch.stack([
+            torch.sparse_csr_tensor(crow, col, weight[:, h].contiguous(),
+                                    shape) @ heads[h]
+            for h in range(heads.shape[0])
+        ], dim=1)
 
     def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
         """Attention dropout, replayable: the mask of a chunk depends only on
@@ -713,11 +770,16 @@ class _Runner:
                  if plan.kind == 'attention' else None)
 
         def chunk_grads(peer, chunk, c_idx, tables, made, outputs,
-                        acc: List[Tensor]) -> None:
+                        acc: List[Tensor], heads: Optional[Tensor]) -> None:
             if outputs is None:
                 outputs, made = self._compute(chunk, tables, grad=True)
             with torch.no_grad():
-                if plan.kind == 'attention':
+                if heads is not None:
+                    k = self.src_names.index(plan.value_source)
+                    grad_outputs = self._sparse_attention_grads(
+                        peer, chunk, c_idx, outputs[0], grad_out, delta,
+                        heads, acc[k] if self.any_src_grad else None)
+                elif plan.kind == 'attention':
                     grad_outputs = self._attention_grads(
                         peer, chunk, c_idx, outputs, grad_out, delta)
                 else:
@@ -751,20 +813,21 @@ class _Runner:
             acc = [self._source_rows(block.num_src, k)
                    for k in range(len(self.source_meta))]
             if self.mode == 'sa' and plan.kind != 'linear':
-                for chunk, c_idx, made, outputs in kept_by_peer.get(
+                for chunk, c_idx, made, outputs, heads in kept_by_peer.get(
                         block.peer, []):
                     chunk_grads(block.peer, chunk, c_idx, None, made,
-                                outputs, acc)
+                                outputs, acc, heads)
                 return acc
             if plan.kind == 'linear':
                 # The VJP of a linear message does not depend on the source
                 # rows: evaluate it at zero, nothing re-fetched.
                 tables = [torch.zeros_like(a) for a in acc]
             named = self._named(tables)
+            heads = self._value_heads(named)
             for c_idx, chunk in enumerate(self._chunks(block)):
                 if chunk.num_edges > 0:
                     chunk_grads(block.peer, chunk, c_idx, named, None, None,
-                                acc)
+                                acc, heads)
             return acc
 
         refetch = self.mode == 'sar' and plan.kind != 'linear'
@@ -790,6 +853,38 @@ class _Runner:
         # whose backward still counts the zero it started from as a tie
         # when the result is exactly 0; matching it keeps gradients equal.
         return g_rows * hit / (count + (out == 0).to(count.dtype))
+
+    def _sparse_attention_grads(self, peer: int, chunk: EdgeChunk,
+                                c_idx: int, score: Tensor, grad_out: Tensor,
+                                delta: Tensor, heads: Tensor,
+                                value_grad: Optional[Tensor]):
+        """:meth:`_attention_grads` for values that are source rows: the
+        value gradient ``A_h^T (p z) dO_h`` and the per-edge products
+        ``dO_i . v_j`` (sampled dense-dense products) are taken per head on
+        the chunk's sparsity pattern; only ``[E, H]`` tensors are built."""
+        m = self.state['run_max'].index_select(0, chunk.dst)
+        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
+        prob = torch.exp(score.detach() - m) / s
+        mask = self._dropout_mask(peer, c_idx, prob)
+        weighted = prob * mask
+        num_src = heads.shape[1]
+        lo, hi = chunk.row_start, chunk.row_end
+        g_heads = grad_out[lo:hi].transpose(0, 1).contiguous()
+        crow, col = chunk.csr()
+        crow_t, col_t, perm = chunk.csr_transposed(num_src)
+        pattern = torch.sparse_csr_tensor(
+            crow, col, score.new_zeros(chunk.num_edges), (hi - lo, num_src))
+        dot = torch.empty_like(prob)
+        for h in range(heads.shape[0]):
+            dot[:, h] = torch.sparse.sampled_addmm(
+                pattern, g_heads[h], heads[h].t(), beta=0.0).values()
+            if value_grad is not None:
+                adj_t = torch.sparse_csr_tensor(
+                    crow_t, col_t, weighted[perm, h].contiguous(),
+                    (num_src, hi - lo))
+                value_grad[:, h] += adj_t @ g_heads[h]
+        grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
+        return (grad_score, )
 
     def _attention_grads(self, peer: int, chunk: EdgeChunk, c_idx: int,
                          outputs, grad_out: Tensor, delta: Tensor):

@@ -33,6 +33,7 @@ class GATConv(DistMessagePassing):
     replaced as PyG replaces them; ``edge_attr`` is in graph edge order).
     """
     attention = True
+    message_is_identity = True
     message_parameters = ('att_edge', 'lin_edge.weight')
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]],

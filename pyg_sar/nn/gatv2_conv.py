@@ -32,6 +32,7 @@ class GATv2Conv(DistMessagePassing):
     :class:`torch_geometric.nn.GATv2Conv`.
     """
     attention = True
+    message_is_identity = True
     message_parameters = ('att', 'lin_edge.weight')
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]],

@@ -39,12 +39,16 @@ class DistMessagePassing(MessagePassing):
       returns values ``[E, H, C]``; the output is
       ``sum_j softmax_j(score) * value`` per destination and head, with the
       softmax taken over all in-edges across workers, and
-      ``attention_dropout`` applied to the probabilities.
+      ``attention_dropout`` applied to the probabilities. With
+      ``message_is_identity`` (``message(x_j)`` returns ``x_j`` of shape
+      ``[N, H, C]``), values are aggregated by one sparse product per head
+      and never gathered per edge.
     """
     linear_message: bool = False
     message_parameters: Optional[Sequence[str]] = None
     attention: bool = False
     attention_dropout: float = 0.0
+    message_is_identity: bool = False
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         # PyG would render a propagate() template onto the concrete class,
