@@ -55,7 +55,7 @@ class CommConfig:
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024
     pipeline_depth: int = 1
-    edge_memory_budget: int = 32 * 1024 * 1024
+    edge_memory_budget: int = 16 * 1024 * 1024
 
 
 _CONFIG = CommConfig()

@@ -298,20 +298,33 @@ class _Runner:
 
     def _chunk_limit(self) -> Optional[int]:
         """Edges per chunk: the graph's ``chunk_size``, and for non-linear
-        layers at most what keeps a few per-edge copies of the widest node
-        row inside the configured ``edge_memory_budget``."""
+        layers at most what keeps the chunk's temporaries inside the
+        configured ``edge_memory_budget``: a few copies of every gathered
+        row per edge and, on the sparse value path, of every output row of
+        the destinations it touches."""
         if self.plan.kind == 'spmm':
             return None  # sparse products hold no per-edge features
-        tensors = self.tensors
-        if self.plan.value_source is not None:
-            # Only the score's inputs are gathered per edge.
-            tensors = [self.tensors[s] for s in self._slots_read('edge_score')]
-        row_bytes = max([math.prod(t.shape[1:]) * t.element_size()
-                         for t in tensors if t.dim() > 0] + [1])
+
+        def row_bytes(tensors) -> int:
+            return max([math.prod(t.shape[1:]) * t.element_size()
+                        for t in tensors if t.dim() > 0] + [1])
+
         # Gathered rows, messages and their gradients coexist in backward.
         live_copies = 4
-        limit = max(1024, comm.config().edge_memory_budget //
-                    (row_bytes * live_copies))
+        if self.plan.value_source is None:
+            per_edge = live_copies * row_bytes(self.tensors)
+        else:
+            # Only the score's inputs are gathered per edge (scores,
+            # probabilities, masks and their gradients: twice as many);
+            # values appear per destination row.
+            gathered = [self.tensors[s] for s in self._slots_read('edge_score')]
+            values = [self.tensors[self.plan.src_slots[
+                self.plan.value_source]]]
+            rows_per_edge = self.graph.num_nodes / max(self.graph.num_edges,
+                                                       1)
+            per_edge = int(2 * live_copies * row_bytes(gathered) +
+                           live_copies * row_bytes(values) * rows_per_edge) + 1
+        limit = max(1024, comm.config().edge_memory_budget // per_edge)
         chunk_size = self.graph.chunk_size
         return limit if chunk_size is None else min(limit, chunk_size)
 
@@ -616,10 +629,10 @@ class _Runner:
 
     def _value_heads(self, tables: Dict[str, Tensor]) -> Optional[Tensor]:
         """The value rows head-major, ``[H, num_src, C]``, on the sparse
-        value path (one contiguous matrix per head for the products)."""
+        value path: a view, so no copy of the table is made."""
         if self.plan.value_source is None:
             return None
-        return tables[self.plan.value_source].transpose(0, 1).contiguous()
+        return tables[self.plan.value_source].transpose(0, 1)
 
     @staticmethod
     def _per_head_spmm(chunk: EdgeChunk, weight: Tensor, heads: Tensor,
