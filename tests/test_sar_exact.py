@@ -26,7 +26,7 @@ CHUNKS = {'synthetic': 37, 'Cora': 1500}
 CONVS = ('sage_mean', 'sage_max', 'sage_sum', 'sage_min_project', 'gcn',
          'graph', 'gin', 'gat', 'gatv2', 'user_linear', 'user_param',
          'gcn_weighted', 'graph_weighted', 'gat_edge_attr',
-         'gatv2_edge_attr')
+         'gatv2_edge_attr', 'user_attention')
 # Layers that read per-edge tensors, and which ones.
 EDGE_INPUTS = {'gcn_weighted': 'edge_weight', 'graph_weighted': 'edge_weight',
                'gat_edge_attr': 'edge_attr', 'gatv2_edge_attr': 'edge_attr'}
@@ -108,6 +108,44 @@ class UserParam(DistMessagePassing):
         return _user_param_message(self, x_j, x_i)
 
 
+class RefUserAttention(MessagePassing):
+    """Softmax over in-edges with a parametrized score and a non-identity
+    value: the engine's generic attention path."""
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(aggr='sum', node_dim=0)
+        self.lin = torch.nn.Linear(channels_in, channels_out)
+        self.temperature = torch.nn.Parameter(torch.tensor([0.7]))
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=self.lin(x)).squeeze(1)
+
+    def message(self, x_j, x_i, index, ptr, size_i):
+        from torch_geometric.utils import softmax
+        score = (x_j * x_i).sum(-1, keepdim=True) * self.temperature
+        alpha = softmax(score, index, ptr, size_i)
+        return alpha.unsqueeze(-1) * torch.tanh(x_j).unsqueeze(1)
+
+
+class UserAttention(DistMessagePassing):
+    attention = True
+    message_parameters = ('temperature', )
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        super().__init__(aggr='sum')
+        self.lin = torch.nn.Linear(channels_in, channels_out)
+        self.temperature = torch.nn.Parameter(torch.tensor([0.7]))
+
+    def forward(self, x, graph):
+        return self.propagate(graph, x=self.lin(x)).squeeze(1)
+
+    def edge_score(self, x_j, x_i):
+        return (x_j * x_i).sum(-1, keepdim=True) * self.temperature
+
+    def message(self, x_j):
+        return torch.tanh(x_j).unsqueeze(1)
+
+
 def build_conv(kind: str, channels: int, distributed: bool):
     """The same initial weights in every process (seeded construction)."""
     torch.manual_seed(1234)
@@ -115,6 +153,9 @@ def build_conv(kind: str, channels: int, distributed: bool):
         return (UserLinear if distributed else RefUserLinear)(channels, 6)
     if kind == 'user_param':
         return (UserParam if distributed else RefUserParam)(channels, 6)
+    if kind == 'user_attention':
+        return (UserAttention if distributed else RefUserAttention)(
+            channels, 6)
     conv = {
         'sage_mean': lambda: pyg_nn.SAGEConv(channels, 6),
         'sage_max': lambda: pyg_nn.SAGEConv(channels, 6, aggr='max'),
