@@ -21,7 +21,8 @@ class DistMessagePassing(MessagePassing):
     whose name starts with ``edge_`` are per-edge, in the graph's edge order;
     ``index`` and ``dim_size``/``size_i`` are filled in as in PyG. The
     aggregation is ``self.aggr`` (``"sum"``/``"add"``, ``"mean"``, ``"max"``
-    or ``"min"``), exact across workers.
+    or ``"min"``), exact across workers, over the first dimension of the
+    messages (PyG's ``node_dim=0``).
 
     Class attributes that tell the engine what it may skip:
 
