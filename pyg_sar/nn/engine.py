@@ -739,13 +739,17 @@ class _Runner:
                       for rnd in self._rounds())
         pending = None
         for rnd, block, tables in rounds:
+            # Finish the previous round's gradient exchange first: its
+            # buffers are freed before this round's gradients are built.
+            if pending is not None:
+                self._receive_grads(pending)
+                pending = None
             sends = ({block.peer: block_grad(block, tables)}
                      if block is not None else {})
             frm = (g.rank + rnd) % P
-            if pending is not None:
-                self._receive_grads(pending)
             pending = self._post_grads(sends, [frm] if frm in g.send_ids
                                        else [])
+            del sends, tables
         if pending is not None:
             self._receive_grads(pending)
 
