@@ -119,12 +119,7 @@ class GATConv(DistMessagePassing):
             graph, edge_attr = loop_view(graph, edge_attr, self.fill_value)
         out = self.propagate(graph, x=h_src, alpha=(alpha_src, alpha_dst),
                              edge_attr=edge_attr)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return combine_heads(out, self.concat, res, self.bias)
 
     def edge_score(self, alpha_j: Tensor, alpha_i: Tensor,
                    edge_attr: Optional[Tensor]) -> Tensor:
@@ -143,6 +138,18 @@ class GATConv(DistMessagePassing):
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '
                 f'{self.out_channels}, heads={self.heads})')
+
+
+def combine_heads(out: Tensor, concat: bool, res: Optional[Tensor],
+                  bias: Optional[Tensor]) -> Tensor:
+    """``[N, H, C]`` attention output to PyG's layout: heads concatenated
+    or averaged, then the residual and the bias added."""
+    out = out.reshape(out.shape[0], -1) if concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if bias is not None:
+        out = out + bias
+    return out
 
 
 def loop_view(graph: DistGraph, edge_attr: Optional[Tensor],

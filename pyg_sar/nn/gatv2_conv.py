@@ -8,7 +8,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_sar.graph import DistGraph
-from pyg_sar.nn.gat_conv import loop_view
+from pyg_sar.nn.gat_conv import combine_heads, loop_view
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -108,12 +108,7 @@ class GATv2Conv(DistMessagePassing):
         if self.add_self_loops:
             graph, edge_attr = loop_view(graph, edge_attr, self.fill_value)
         out = self.propagate(graph, x=(x_l, x_r), edge_attr=edge_attr)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return combine_heads(out, self.concat, res, self.bias)
 
     def edge_score(self, x_j: Tensor, x_i: Tensor,
                    edge_attr: Optional[Tensor]) -> Tensor:
