@@ -250,3 +250,31 @@ def test_attention_dropout_replays_its_mask_in_backward(graph_data, tmp_path,
                    loss(x - eps * direction)) / (2 * eps)
     torch.testing.assert_close((x.grad * direction).sum(), numeric,
                                rtol=1e-5, atol=1e-7)
+
+
+def test_learnable_edge_weights_get_exact_gradients(graph_data, tmp_path):
+    import torch_geometric.nn as pyg_nn
+    root = str(tmp_path / 'one')
+    pyg_sar.partition_graph(graph_data, 1, root)
+    part = pyg_sar.load_partition(root, 0)
+    weight = torch.rand(part.num_local_edges) + 0.5
+    for mode in ('sar', 'sa', 'one_shot'):
+        graph = pyg_sar.DistGraph(part, mode=mode)
+        grads = []
+        for distributed in (True, False):
+            torch.manual_seed(0)
+            conv = pyg_nn.GraphConv(8, 4, aggr='mean')
+            if distributed:
+                conv = pyg_sar.nn.to_distributed(conv)
+            w = weight.clone().requires_grad_()
+            # One part: local ids are the global ids of the edge index.
+            out = conv(part.x, graph if distributed else part.edge_index,
+                       edge_weight=w)
+            (out ** 2).sum().backward()
+            grads.append((out.detach(), w.grad))
+        torch.testing.assert_close(grads[0][0], grads[1][0])
+        torch.testing.assert_close(grads[0][1], grads[1][1])
+    conv = pyg_sar.nn.GCNConv(8, 4)
+    with pytest.raises(ValueError, match='learnable edge weights'):
+        conv(part.x, pyg_sar.DistGraph(part),
+             edge_weight=weight.clone().requires_grad_())

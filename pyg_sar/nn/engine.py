@@ -201,13 +201,15 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
                     f"tensor that requires grad; linear messages need fixed "
                     f"coefficients (set linear_message = False)")
             plan.kind, plan.linear_weight = 'spmm', weight
+    if plan.kind in ('linear', 'spmm') and any(
+            tensors[s].requires_grad
+            for s in list(dst_slots.values()) + list(edge_slots.values())
+            if s not in src_slots.values()):
+        # A message linear in x_j is not linear in a learnable coefficient:
+        # its gradient needs the real x_j, so recompute like any message.
+        plan.kind, plan.linear_weight = 'general', None
     if plan.kind in ('general', 'attention'):
         plan.param_slots = [slot(p) for p in _message_parameters(module)]
-    elif any(tensors[s].requires_grad
-             for s in list(dst_slots.values()) + list(edge_slots.values())
-             if s not in src_slots.values()) and plan.kind == 'spmm':
-        raise ValueError(f"{type(module).__name__}: the sparse linear path "
-                         f"cannot differentiate *_i or edge arguments")
     return SARFunction.apply(plan, *tensors)
 
 

@@ -95,13 +95,18 @@ class GCNConv(DistMessagePassing):
         \\hat{d}_i}` of every edge, self loops added as PyG's ``gcn_norm``
         adds them (existing loops keep their weight)."""
         fill = 2. if self.improved else 1.
+        if edge_weight is not None and edge_weight.requires_grad:
+            raise ValueError(
+                f"'{self.__class__.__name__}' over a DistGraph does not "
+                f"support learnable edge weights (their gradient would flow "
+                f"through remote degrees); use GraphConv, or pass "
+                f"edge_weight.detach()")
         if edge_weight is None:
             edge_weight = torch.ones(graph.num_edges, dtype=dtype)
         if self.add_self_loops:
             edge_weight = graph.with_self_loops().expand_edge_values(
                 edge_weight, fill, keep_existing_loops=True)
             graph = graph.with_self_loops()
-        edge_weight = edge_weight.detach()
         deg = torch.zeros(graph.num_nodes, dtype=edge_weight.dtype)
         dst_of_edge = torch.empty(graph.num_edges, dtype=torch.long)
         src_deg = torch.empty(graph.num_edges, dtype=edge_weight.dtype)
