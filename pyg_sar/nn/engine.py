@@ -615,14 +615,13 @@ class _Runner:
                     old_max).scatter_add_(0, idx, weight)
                 weight = weight * self._dropout_mask(block.peer, c_idx,
                                                      weight)
-                part = out[lo:hi] * scale.unsqueeze(-1)
+                part = out[lo:hi]  # a view: updated in place
+                part.mul_(scale.unsqueeze(-1))
                 if heads is None:
                     part.index_add_(0, rows,
                                     weight.unsqueeze(-1) * value.detach())
                 else:
-                    part += self._per_head_spmm(chunk, weight, heads,
-                                                block.num_src)
-                out[lo:hi] = part
+                    self._add_per_head_spmm(part, chunk, weight, heads)
                 run_max[lo:hi] = new_max
         out = out / (run_sum + _SOFTMAX_EPS).unsqueeze(-1)
         self.state.update(out=out, run_max=run_max, run_sum=run_sum,
@@ -637,17 +636,16 @@ class _Runner:
         return tables[self.plan.value_source].transpose(0, 1)
 
     @staticmethod
-    def _per_head_spmm(chunk: EdgeChunk, weight: Tensor, heads: Tensor,
-                       num_src: int) -> Tensor:
-        """``sum_j weight[e, h] * value[j, h]`` per destination row of the
-        chunk: one CSR product per head, no per-edge value rows."""
+    def _add_per_head_spmm(part: Tensor, chunk: EdgeChunk, weight: Tensor,
+                           heads: Tensor) -> None:
+        """Adds ``sum_j weight[e, h] * value[j, h]`` to each destination row
+        of the chunk: one CSR product per head, no per-edge value rows."""
         crow, col = chunk.csr()
-        shape = (chunk.row_end - chunk.row_start, num_src)
-        return torch.stack([
-            torch.sparse_csr_tensor(crow, col, weight[:, h].contiguous(),
-                                    shape) @ heads[h]
-            for h in range(heads.shape[0])
-        ], dim=1)
+        shape = (chunk.row_end - chunk.row_start, heads.shape[1])
+        for h in range(heads.shape[0]):
+            adj = torch.sparse_csr_tensor(crow, col, weight[:, h].contiguous(),
+                                          shape)
+            part[:, h] += adj @ heads[h]
 
     def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
         """Attention dropout, replayable: the mask of a chunk depends only on
@@ -888,7 +886,7 @@ class _Runner:
         weighted = prob * mask
         num_src = heads.shape[1]
         lo, hi = chunk.row_start, chunk.row_end
-        g_heads = grad_out[lo:hi].transpose(0, 1).contiguous()
+        g_heads = grad_out[lo:hi].transpose(0, 1)  # head-major view
         crow, col = chunk.csr()
         crow_t, col_t, perm = chunk.csr_transposed(num_src)
         pattern = torch.sparse_csr_tensor(
