@@ -13,17 +13,14 @@
    ``Net`` on rank 0, which evaluates single-process on the whole graph: its
    predictions are those of the distributed model, node for node.
 """
-import argparse
-import os.path as osp
-
 import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, SAGEConv
 
 import pyg_sar
+from cora_workers import argument_parser, load_shard, train
 from pyg_sar import comm
 from pyg_sar.nn import to_distributed
-from pyg_sar.train import distributed_loss
 
 
 class Net(torch.nn.Module):
@@ -43,66 +40,22 @@ class Net(torch.nn.Module):
         return self.conv2(x, edge_index)
 
 
-def prepare_partition(root: str, parts: str, rank: int,
-                      world_size: int) -> None:
-    """Rank 0 partitions Cora into ``parts`` if needed; all ranks wait."""
-    if rank == 0 and not osp.exists(osp.join(parts, 'META.json')):
-        data = pyg_sar.datasets.load('Cora', root)
-        manifest = pyg_sar.partition_graph(data, world_size, parts,
-                                           progress=False)
-        print(f"partitioned Cora ({data.num_nodes} nodes, {data.num_edges} "
-              f"edges) into {world_size} part(s), edge cut "
-              f"{100 * manifest['edge_cut']['fraction']:.1f}%", flush=True)
-    comm.barrier()
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--root', default='data',
-                        help='dataset root (Cora is downloaded to ROOT/Cora)')
-    parser.add_argument('--parts', default=None,
-                        help='partition directory (default: '
-                        'ROOT/partitions/Cora-<world size>)')
+    parser = argument_parser(__doc__.split('\n')[0], hidden=64, lr=0.01)
     parser.add_argument('--conv', choices=('gcn', 'sage'), default='gcn')
-    parser.add_argument('--hidden', type=int, default=64)
-    parser.add_argument('--epochs', type=int, default=100)
-    parser.add_argument('--lr', type=float, default=0.01)
-    parser.add_argument('--weight-decay', type=float, default=5e-4)
-    parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
-
-    rank, world_size = pyg_sar.init_distributed()
-    parts = args.parts or osp.join(args.root, 'partitions',
-                                   f'Cora-{world_size}')
-    prepare_partition(args.root, parts, rank, world_size)
-
-    part = pyg_sar.load_partition(parts, rank)
-    graph = pyg_sar.DistGraph(part)
-    x, y = part.x.float(), part.y.long()
-    num_classes = int(comm.all_reduce(torch.tensor([int(y.max()) + 1]),
-                                      'max')[0])
-    num_train = pyg_sar.global_count(part.train_mask)
+    shard = load_shard(args)
+    rank, world_size, num_classes = (shard.rank, shard.world_size,
+                                     shard.num_classes)
+    x, graph, part = shard.x, shard.graph, shard.part
 
     # 1-2. The stock model, converted in place.
     torch.manual_seed(args.seed)
-    model = Net(x.shape[1], args.hidden, num_classes, args.conv)
-    model = to_distributed(model)
-    pyg_sar.sync_params(model)
+    model = to_distributed(Net(x.shape[1], args.hidden, num_classes,
+                               args.conv))
     if rank == 0:
-        print(f'{graph}\nconverted model: {model}', flush=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr,
-                                 weight_decay=args.weight_decay)
-    for epoch in range(1, args.epochs + 1):
-        model.train()
-        optimizer.zero_grad()
-        loss = distributed_loss(model(x, graph), y, part.train_mask,
-                                num_train)
-        loss.backward()
-        pyg_sar.all_reduce_grads(model)
-        optimizer.step()
-        loss = float(comm.all_reduce(loss.detach().clone()))
-        if rank == 0 and (epoch % 10 == 0 or epoch == 1):
-            print(f'epoch {epoch:3d}  loss {loss:.4f}', flush=True)
+        print(f'converted model: {model}', flush=True)
+    train(model, shard, args, log_every=10)
 
     # Distributed predictions, gathered to rank 0 in input node order.
     model.eval()
