@@ -94,23 +94,17 @@ def configure(timeout: Optional[timedelta] = None,
               pipeline_depth: Optional[int] = None,
               edge_memory_budget: Optional[int] = None) -> CommConfig:
     """Changes the settings of :class:`CommConfig`; ``None`` keeps one."""
-    if edge_memory_budget is not None:
-        if edge_memory_budget < 1:
-            raise ValueError(f"edge_memory_budget must be >= 1 "
-                             f"(got {edge_memory_budget})")
-        _CONFIG.edge_memory_budget = int(edge_memory_budget)
     if timeout is not None:
         _CONFIG.timeout = timeout
-    if max_bytes_per_message is not None:
-        if max_bytes_per_message < 1:
-            raise ValueError(f"max_bytes_per_message must be >= 1 "
-                             f"(got {max_bytes_per_message})")
-        _CONFIG.max_bytes_per_message = int(max_bytes_per_message)
-    if pipeline_depth is not None:
-        if pipeline_depth < 0:
-            raise ValueError(f"pipeline_depth must be >= 0 "
-                             f"(got {pipeline_depth})")
-        _CONFIG.pipeline_depth = int(pipeline_depth)
+    for name, value, minimum in (
+            ('max_bytes_per_message', max_bytes_per_message, 1),
+            ('pipeline_depth', pipeline_depth, 0),
+            ('edge_memory_budget', edge_memory_budget, 1)):
+        if value is None:
+            continue
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum} (got {value})")
+        setattr(_CONFIG, name, int(value))
     return _CONFIG
 
 

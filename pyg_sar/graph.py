@@ -308,17 +308,26 @@ class DistGraph:
         if cache_key is not None and cache_key in self._source_cache:
             return self._source_cache[cache_key]
         node_values = node_values.detach()
-        sends = {q: [node_values[ids]] for q, ids in self.send_ids.items()}
-        shapes = {q: [((int(ids.numel()), *node_values.shape[1:]),
-                       node_values.dtype)]
-                  for q, ids in self.recv_ids.items()}
-        received = comm.post_exchange(sends, shapes,
-                                      node_values.device).wait()
+        received = self.post_row_exchange([node_values], self.send_ids,
+                                          self.recv_ids).wait()
         out = [node_values if b.peer == self.rank else received[b.peer][0]
                for b in self.blocks]
         if cache_key is not None:
             self._source_cache[cache_key] = out
         return out
+
+    def post_row_exchange(self, tensors: List[Tensor], send_to,
+                          recv_from, tag: int = 0) -> comm.PendingExchange:
+        """Posts the plan's row exchange for per-node ``tensors``: to each
+        peer in ``send_to`` the rows ``send_ids[peer]``, and from each peer in
+        ``recv_from`` the rows ``recv_ids[peer]`` of its tensors (same row
+        shape and dtype). Peers without rows in the plan are skipped."""
+        sends = {q: [t[self.send_ids[q]] for t in tensors]
+                 for q in send_to if q in self.send_ids}
+        shapes = {q: [((int(self.recv_ids[q].numel()), *t.shape[1:]),
+                       t.dtype) for t in tensors]
+                  for q in recv_from if q in self.recv_ids}
+        return comm.post_exchange(sends, shapes, tensors[0].device, tag)
 
     def global_in_degree_of_sources(self) -> List[Tensor]:
         """In-degree of every block's source nodes (fetched once, cached)."""

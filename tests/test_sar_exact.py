@@ -5,7 +5,6 @@ nodes) and on Cora; plus user subclasses, loss curves and BatchNorm.
 
 One spawn per world size runs every configuration; the parent compares.
 """
-import os.path as osp
 
 import pytest
 import torch

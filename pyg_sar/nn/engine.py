@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, \
     Tuple
 
@@ -357,15 +357,9 @@ class _Runner:
                 or (g.rank + r) % P in g.send_ids]
 
     def _post_fetch(self, rnd: int):
-        g, sources = self.graph, self.sources
+        g = self.graph
         to, frm = (g.rank + rnd) % g.world_size, (g.rank - rnd) % g.world_size
-        sends = ({to: [t[g.send_ids[to]] for t in sources]}
-                 if to in g.send_ids else {})
-        shapes = ({frm: [((int(g.recv_ids[frm].numel()), *t.shape[1:]),
-                          t.dtype) for t in sources]}
-                  if frm in g.recv_ids else {})
-        return frm, comm.post_exchange(sends, shapes, sources[0].device,
-                                       _FETCH_TAG)
+        return frm, g.post_row_exchange(self.sources, [to], [frm], _FETCH_TAG)
 
     def _fetched_rounds(self) -> Iterator[Tuple[int, Optional[EdgeBlock],
                                                 Optional[List[Tensor]]]]:
@@ -388,11 +382,8 @@ class _Runner:
         """``one_shot``: all remote rows in one exchange, stacked after the
         local rows in block order."""
         g, sources = self.graph, self.sources
-        sends = {q: [t[ids] for t in sources] for q, ids in g.send_ids.items()}
-        shapes = {q: [((int(ids.numel()), *t.shape[1:]), t.dtype)
-                      for t in sources] for q, ids in g.recv_ids.items()}
-        received = comm.post_exchange(sends, shapes, sources[0].device,
-                                      _FETCH_TAG).wait()
+        received = g.post_row_exchange(sources, g.send_ids, g.recv_ids,
+                                       _FETCH_TAG).wait()
         return [torch.cat([sources[k]] +
                           [received[b.peer][k] for b in g.blocks[1:]])
                 for k in range(len(sources))]
@@ -871,6 +862,15 @@ class _Runner:
         # when the result is exactly 0; matching it keeps gradients equal.
         return g_rows * hit / (count + (out == 0).to(count.dtype))
 
+    def _probabilities(self, peer: int, chunk: EdgeChunk, c_idx: int,
+                       score: Tensor):
+        """The chunk's softmax probabilities, recomputed from the saved
+        per-destination max and sum, and its replayed dropout mask."""
+        m = self.state['run_max'].index_select(0, chunk.dst)
+        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
+        prob = torch.exp(score.detach() - m) / s
+        return prob, self._dropout_mask(peer, c_idx, prob)
+
     def _sparse_attention_grads(self, peer: int, chunk: EdgeChunk,
                                 c_idx: int, score: Tensor, grad_out: Tensor,
                                 delta: Tensor, heads: Tensor,
@@ -879,10 +879,7 @@ class _Runner:
         value gradient ``A_h^T (p z) dO_h`` and the per-edge products
         ``dO_i . v_j`` (sampled dense-dense products) are taken per head on
         the chunk's sparsity pattern; only ``[E, H]`` tensors are built."""
-        m = self.state['run_max'].index_select(0, chunk.dst)
-        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
-        prob = torch.exp(score.detach() - m) / s
-        mask = self._dropout_mask(peer, c_idx, prob)
+        prob, mask = self._probabilities(peer, chunk, c_idx, score)
         weighted = prob * mask
         num_src = heads.shape[1]
         lo, hi = chunk.row_start, chunk.row_end
@@ -909,10 +906,7 @@ class _Runner:
         per-destination max and sum: ``dv = p z dO`` and
         ``da = p (z dO.v - D)`` with ``D = dO.out`` and dropout mask ``z``."""
         score, value = outputs
-        m = self.state['run_max'].index_select(0, chunk.dst)
-        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
-        prob = torch.exp(score.detach() - m) / s
-        mask = self._dropout_mask(peer, c_idx, prob)
+        prob, mask = self._probabilities(peer, chunk, c_idx, score)
         g_rows = grad_out.index_select(0, chunk.dst)
         grad_value = (prob * mask).unsqueeze(-1) * g_rows
         dot = (g_rows * value.detach()).sum(-1)
