@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
+from pyg_sar.exchange import RowPlan, fetch_rows
 
 MODES = ('sar', 'sa', 'one_shot')
 
@@ -167,17 +168,23 @@ class DistGraph:
         self.world_size = int(part.num_parts)
         self._check_world(part)
 
-        self.node_ptr = part.node_ptr.to(torch.long)
+        self._setup(part.node_ptr, int(part.num_local_nodes),
+                    int(part.num_nodes), part.csc_ptr, part.csc_src,
+                    part.csc_eid)
+
+    def _setup(self, node_ptr: Tensor, num_nodes: int, num_global_nodes: int,
+               csc_ptr: Tensor, csc_src: Tensor, edge_ids: Tensor) -> None:
+        self.node_ptr = node_ptr.to(torch.long)
         self.node_offset = int(self.node_ptr[self.rank])
-        self.num_nodes = int(part.num_local_nodes)
-        self.num_global_nodes = int(part.num_nodes)
-        csc_ptr = part.csc_ptr.to(torch.long)
+        self.num_nodes = num_nodes
+        self.num_global_nodes = num_global_nodes
+        csc_ptr = csc_ptr.to(torch.long)
         self.num_edges = int(csc_ptr[-1])
         self.in_degree = (csc_ptr[1:] - csc_ptr[:-1])
         dst = torch.repeat_interleave(torch.arange(self.num_nodes),
                                       self.in_degree)
-        src_global = part.csc_src.to(torch.long)
-        self.edge_ids = part.csc_eid
+        src_global = csc_src.to(torch.long)
+        self.edge_ids = edge_ids
         self._dst = dst
         self._src_global = src_global
         self._build_plan(src_global, dst)
@@ -408,6 +415,53 @@ class DistGraph:
             has = self.loop_source_pos >= 0
             loops[has] = values[self.loop_source_pos[has]]
         return torch.cat([kept, loops])
+
+    # Whole-neighborhood layout ###############################################
+
+    @property
+    def num_ext_nodes(self) -> int:
+        """Local nodes plus halo nodes: the rows of :meth:`fetch_halo`."""
+        return self.num_nodes + self.num_halo_nodes
+
+    def halo_plan(self) -> RowPlan:
+        """The plan of :meth:`fetch_halo` (built once)."""
+        if 'halo_plan' not in self.derived:
+            local = torch.arange(self.num_nodes)
+            recv_pos, offset = {}, self.num_nodes
+            for block in self.blocks[1:]:
+                recv_pos[block.peer] = torch.arange(offset,
+                                                    offset + block.num_src)
+                offset += block.num_src
+            self.derived['halo_plan'] = RowPlan(offset, local, local,
+                                                dict(self.send_ids), recv_pos)
+        return self.derived['halo_plan']
+
+    def fetch_halo(self, x: Tensor, dim: int = 0) -> Tensor:
+        """``[local rows; halo rows]`` of a per-node tensor, the halo in
+        block order (the ``one_shot`` layout): differentiable, gradients of
+        halo rows return to their owners. Collective."""
+        return fetch_rows(self.halo_plan(), x, dim)
+
+    def halo_edge_index(self) -> Tensor:
+        """Every local in-edge as ``[2, E]`` ``(source, destination)`` in the
+        graph's edge order: sources index the :meth:`fetch_halo` rows,
+        destinations the local nodes (which come first there)."""
+        if 'halo_edge_index' not in self.derived:
+            merged = self.merged_block()
+            out = torch.empty((2, self.num_edges), dtype=torch.long)
+            out[0, merged.edge_pos] = merged.src
+            out[1, merged.edge_pos] = merged.dst
+            self.derived['halo_edge_index'] = out
+        return self.derived['halo_edge_index']
+
+    def reverse(self) -> 'DistGraph':
+        """The transposed graph (``flow='target_to_source'``): every worker
+        gets the out-edges of its nodes as in-edges. Built on first use
+        (collective), then cached."""
+        if 'reverse' not in self.derived:
+            from pyg_sar.reverse import reverse_graph
+            self.derived['reverse'] = reverse_graph(self)
+        return self.derived['reverse']
 
     def __repr__(self) -> str:
         return (f"DistGraph(rank={self.rank}/{self.world_size}, "

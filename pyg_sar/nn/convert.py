@@ -1,15 +1,37 @@
-"""Swap the convolutions of a stock PyG model for distributed ones."""
+"""Turn a stock PyG model into one that runs over a :class:`~pyg_sar.DistGraph`.
+
+Three kinds of module are converted, each keeping its constructor arguments,
+weights, dtype, device, ``requires_grad`` flags and training mode (the
+``state_dict`` keys do not change, so it loads back into the stock model):
+
+* layers with a SAR-engine twin in :mod:`pyg_sar.nn` (``GCNConv``,
+  ``SAGEConv``, ``GraphConv``, ``GINConv``, ``GATConv``, ``GATv2Conv``):
+  replaced by the twin;
+* layers that are exact over whole neighborhoods (:mod:`pyg_sar.nn.adapter`,
+  with a source-side normalization where they need one,
+  :mod:`pyg_sar.nn.gcn_norm`): adapted in place;
+* node-mixing normalizations: replaced by versions with whole-graph
+  statistics (:mod:`pyg_sar.nn.norm`).
+
+Every other ``MessagePassing`` layer, and every module known to mix node
+rows without a distributed version, is refused by name.
+"""
+import warnings
 from typing import Callable, Dict, Type
 
 import torch
 import torch_geometric.nn as pyg_nn
+from torch_geometric.nn import MessagePassing
 
-from pyg_sar.nn.batch_norm import BatchNorm
+from pyg_sar.nn.adapter import DistAdapter, adapt
 from pyg_sar.nn.gat_conv import GATConv
 from pyg_sar.nn.gatv2_conv import GATv2Conv
 from pyg_sar.nn.gcn_conv import GCNConv
+from pyg_sar.nn.gcn_norm import NORMALIZED
 from pyg_sar.nn.gin_conv import GINConv
 from pyg_sar.nn.graph_conv import GraphConv
+from pyg_sar.nn.message_passing import DistMessagePassing
+from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
 from pyg_sar.nn.sage_conv import SAGEConv
 
 
@@ -26,8 +48,8 @@ def _gat_args(m) -> Dict:
                 residual=m.residual)
 
 
-# How to rebuild each supported PyG module with its own constructor args.
-_CONVERTERS: Dict[Type, Callable] = {
+# Layers with a SAR-engine twin, rebuilt with their own constructor args.
+_TWINS: Dict[Type, Callable] = {
     pyg_nn.SAGEConv: lambda m: SAGEConv(
         m.in_channels, m.out_channels, normalize=m.normalize,
         root_weight=m.root_weight, project=m.project,
@@ -45,43 +67,113 @@ _CONVERTERS: Dict[Type, Callable] = {
     pyg_nn.GATConv: lambda m: GATConv(**_gat_args(m)),
     pyg_nn.GATv2Conv: lambda m: GATv2Conv(
         **_gat_args(m), share_weights=m.share_weights),
-    pyg_nn.BatchNorm: lambda m: BatchNorm(
-        m.in_channels, m.module.eps, m.module.momentum, m.module.affine,
-        m.module.track_running_stats, m.allow_single_element),
 }
 
+# Layers whose own forward is exact over whole neighborhoods (each one has
+# an exactness test in tests/test_zoo_exact.py).
+ADAPTED = (
+    pyg_nn.GINEConv, pyg_nn.TransformerConv, pyg_nn.EdgeConv,
+    pyg_nn.ResGatedGraphConv, pyg_nn.GENConv, pyg_nn.PNAConv,
+    pyg_nn.LEConv, pyg_nn.ClusterGCNConv, pyg_nn.GeneralConv, pyg_nn.CGConv,
+    pyg_nn.NNConv, pyg_nn.SimpleConv,
+)
 
-def to_distributed(model: torch.nn.Module) -> torch.nn.Module:
-    """Replaces, in place, every supported PyG layer of ``model``
-    (``GCNConv``, ``SAGEConv``, ``GraphConv``, ``GINConv``, ``GATConv``,
-    ``GATv2Conv``, ``BatchNorm``) by its :mod:`pyg_sar.nn` twin, weights
-    included, and returns the model.
 
-    The model's ``forward`` must hand its second argument (``edge_index``)
-    through to the convolutions: ``model(x, graph)`` then runs distributed
-    with a :class:`pyg_sar.DistGraph`. The state_dict keys do not change, so
-    the converted model's weights load back into the stock PyG model.
+def convertible() -> tuple:
+    """Every stock class :func:`to_distributed` converts."""
+    return tuple(_TWINS) + ADAPTED + tuple(NORMALIZED) + tuple(
+        NORM_CONVERTERS) + (pyg_nn.DirGNNConv, )
+
+
+def to_distributed(model: torch.nn.Module,
+                   strict: bool = True) -> torch.nn.Module:
+    """Converts, in place, every PyG layer of ``model`` that has a
+    distributed version (see the module docs) and returns the model.
+
+    The model's ``forward`` must hand its ``edge_index`` argument through to
+    the convolutions: ``model(x, graph)`` then runs distributed with a
+    :class:`pyg_sar.DistGraph`. Any other ``MessagePassing`` layer, or a
+    module that mixes node rows without a distributed version, raises a
+    ``ValueError`` naming it; with ``strict=False`` it is left in place with
+    a warning (its results over a ``DistGraph`` are then the user's risk).
     """
-    if type(model) in _CONVERTERS:
-        return _convert(model)
-    for name, child in list(model.named_children()):
-        if type(child) in _CONVERTERS:
-            setattr(model, name, _convert(child))
-        else:
-            to_distributed(child)
+    new = _convert_one(model, '', strict)
+    if new is not None:
+        return new
+    _convert_children(model, '', strict)
     return model
 
 
-def _convert(module: torch.nn.Module) -> torch.nn.Module:
+def _convert_children(module: torch.nn.Module, prefix: str,
+                      strict: bool) -> None:
+    for name, child in list(module.named_children()):
+        path = f'{prefix}{name}'
+        new = _convert_one(child, path, strict)
+        if new is not None:
+            setattr(module, name, new)
+        else:
+            _convert_children(child, path + '.', strict)
+
+
+def _convert_one(module: torch.nn.Module, path: str, strict: bool):
+    """The converted module, or ``None`` when its children are to be
+    walked instead."""
+    cls = type(module)
+    if isinstance(module, (DistMessagePassing, DistAdapter)):
+        return module
+    if cls in _TWINS:
+        if _twin_keeps_state(module):
+            return _rebuild(module, _TWINS[cls])
+        # A state the twin's constructor cannot recreate (DirGNNConv turns
+        # root_weight off after lin_r exists): the stock forward, adapted.
+        _convert_children(module, f'{path}.' if path else '', strict)
+        return adapt(module)
+    if cls in NORM_CONVERTERS:
+        return NORM_CONVERTERS[cls](module)
+    if cls in NORMALIZED or cls in ADAPTED:
+        _convert_children(module, f'{path}.' if path else '', strict)
+        return adapt(module)
+    if cls is pyg_nn.DirGNNConv:
+        from pyg_sar.nn.dir_gnn_conv import adapt_dir_gnn
+        _convert_children(module, f'{path}.' if path else '', strict)
+        return adapt_dir_gnn(module)
+    refused = isinstance(module, MessagePassing) or isinstance(
+        module, NODE_MIXING_WITHOUT_DIST_VERSION)
+    if not refused:
+        return None
+    where = f" at '{path}'" if path else ''
+    what = ('mixes node rows and has no distributed version' if
+            not isinstance(module, MessagePassing) else
+            'has no distributed version in pyg_sar')
+    message = (f"to_distributed: {cls.__name__}{where} {what}; supported "
+               f"layers: pyg_sar.nn.convert.convertible()")
+    if strict:
+        raise ValueError(message)
+    warnings.warn(message + ' (left unchanged: strict=False)')
+    return module
+
+
+def _twin_keeps_state(module: torch.nn.Module) -> bool:
+    if isinstance(module, pyg_nn.GINConv):
+        return True  # its constructor would reset the shared nn
+    with torch.device('meta'):
+        twin = _TWINS[type(module)](module)
+    return set(twin.state_dict()) == set(module.state_dict())
+
+
+def _rebuild(module: torch.nn.Module, make: Callable) -> torch.nn.Module:
     # Snapshot first: constructors reset parameters of shared submodules
     # (GINConv's nn).
     state = {k: v.clone() for k, v in module.state_dict().items()}
-    new = _CONVERTERS[type(module)](module)
+    flags = {k: p.requires_grad for k, p in module.named_parameters()}
+    param = next(module.parameters(), None)
+    new = make(module)
     if isinstance(module, pyg_nn.GINConv):
         to_distributed(module.nn)
-    new.load_state_dict(state, strict=True)
-    new.train(module.training)
-    param = next(module.parameters(), None)
     if param is not None:
-        new = new.to(param.device)
+        new = new.to(device=param.device, dtype=param.dtype)
+    new.load_state_dict(state, strict=True)
+    for name, p in new.named_parameters():
+        p.requires_grad_(flags.get(name, p.requires_grad))
+    new.train(module.training)
     return new

@@ -3,11 +3,21 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import torch
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn import engine
+from pyg_sar.nn.neighborhood import log_once, propagate_on_graph
+
+# Reads of these in ``message`` need every in-edge of a destination at once.
+_NEIGHBORHOOD_ARGS = {'index', 'ptr', 'size_i', 'size_j', 'size', 'dim_size',
+                      'edge_index', 'edge_index_i', 'edge_index_j', 'adj_t'}
+_HOOKS = ('_propagate_forward_pre_hooks', '_propagate_forward_hooks',
+          '_message_forward_pre_hooks', '_message_forward_hooks',
+          '_aggregate_forward_pre_hooks', '_aggregate_forward_hooks')
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class DistMessagePassing(MessagePassing):
@@ -19,10 +29,23 @@ class DistMessagePassing(MessagePassing):
     in place of ``edge_index``. Arguments read as ``*_j`` are fetched from the
     owners of the source nodes; ``*_i`` arguments are local; tensor arguments
     whose name starts with ``edge_`` are per-edge, in the graph's edge order;
-    ``index`` and ``dim_size``/``size_i`` are filled in as in PyG. The
-    aggregation is ``self.aggr`` (``"sum"``/``"add"``, ``"mean"``, ``"max"``
-    or ``"min"``), exact across workers, over the first dimension of the
-    messages (PyG's ``node_dim=0``).
+    ``index``, ``ptr`` and ``dim_size``/``size_i`` mean what they mean in
+    PyG. Everything :class:`~torch_geometric.nn.MessagePassing` lets a
+    subclass do is exact:
+
+    * messages aggregated by ``"sum"``/``"add"``, ``"mean"``, ``"max"``,
+      ``"min"`` (and ``attention`` layers, below) run on the SAR engine,
+      block by block, in the graph's mode;
+    * everything else (any other aggregation or ``Aggregation`` module,
+      ``flow="target_to_source"``, ``index``/``ptr``/``size_i`` read in
+      ``message``, an overridden ``aggregate``, an ``update`` with extra
+      arguments, propagate/message/aggregate hooks, ``decomposed_layers``,
+      messages over another ``node_dim``, per-edge tensors not named
+      ``edge_*``, half precision) runs PyG's own ``propagate`` over whole
+      neighborhoods (:mod:`pyg_sar.nn.neighborhood`): the halo rows of the
+      ``*_j`` inputs are fetched at once and destinations are processed in
+      chunks of complete in-neighborhoods, checkpointed in ``"sar"`` mode.
+      One log line per class says so.
 
     Class attributes that tell the engine what it may skip:
 
@@ -56,10 +79,74 @@ class DistMessagePassing(MessagePassing):
         # replacing ours; distributed propagation is not template-generated.
         pass
 
-    def propagate(self, graph: DistGraph, **kwargs: Any) -> Tensor:
+    def propagate(self, graph: DistGraph, size=None, **kwargs: Any) -> Tensor:
         """Aggregates messages into every local node (see class docs)."""
-        out = engine.propagate(self, graph, kwargs)
-        return self.update(out)
+        if not isinstance(graph, DistGraph):
+            raise TypeError(f"{type(self).__name__}.propagate expects a "
+                            f"pyg_sar.DistGraph as first argument (got "
+                            f"{type(graph).__name__}); build one with "
+                            f"pyg_sar.DistGraph(part)")
+        _check_size(self, graph, size)
+        reason = self.neighborhood_reason(graph, kwargs)
+        if reason is None:
+            return self.update(engine.propagate(self, graph, kwargs))
+        if self.attention:
+            raise ValueError(f"{type(self).__name__} (attention = True) "
+                             f"does not support {reason} over a DistGraph")
+        log_once(self, reason)
+        return propagate_on_graph(self, graph, kwargs)
+
+    def edge_updater(self, graph: DistGraph, size=None, **kwargs: Any):
+        """PyG's ``edge_updater`` over a :class:`DistGraph`: per-edge
+        values in the graph's edge order (``edge_update`` sees every in-edge
+        of a destination at once, so ``softmax(alpha, index)`` is exact)."""
+        if not isinstance(graph, DistGraph):
+            raise TypeError(f"{type(self).__name__}.edge_updater expects a "
+                            f"pyg_sar.DistGraph (got {type(graph).__name__})")
+        _check_size(self, graph, size)
+        return propagate_on_graph(self, graph, kwargs, 'edge_updater')
+
+    def neighborhood_reason(self, graph: DistGraph, kwargs) -> Optional[str]:
+        """Why this call cannot be folded block by block by the SAR engine
+        (``None``: it can)."""
+        if self.flow != 'source_to_target':
+            return "flow='target_to_source'"
+        if any(isinstance(v, Tensor) and v.dtype in _HALF
+               for v in _flat(kwargs.values())):
+            return 'half precision'
+        if self.attention:
+            return None
+        aggr = self.aggr
+        if not (isinstance(aggr, str) and aggr in engine.SUPPORTED_AGGRS +
+                ('add', )):
+            return f'aggr={aggr!r}'
+        message = set(self.inspector.get_param_names('message'))
+        special = sorted(message & _NEIGHBORHOOD_ARGS)
+        if special:
+            return f'message reads {special}'
+        if not any(a.endswith('_j') for a in message):
+            return 'message reads no *_j argument'
+        if type(self).aggregate is not MessagePassing.aggregate:
+            return 'an overridden aggregate()'
+        if self.inspector.get_param_names('update'):
+            return 'update() with extra arguments'
+        if any(getattr(self, h) for h in _HOOKS):
+            return 'propagate hooks'
+        if self.decomposed_layers > 1:
+            return 'decomposed_layers > 1'
+        node_args = [kwargs.get(a[:-2]) for a in message
+                     if a.endswith(('_i', '_j'))]
+        if self.node_dim not in (0, -2) or (self.node_dim == -2 and any(
+                isinstance(t, Tensor) and t.dim() != 2
+                for t in _flat(node_args))):
+            return f'node_dim={self.node_dim}'
+        for name in message:
+            value = kwargs.get(name)
+            if isinstance(value, Tensor) and value.dim() > 0 and \
+                    value.size(0) == graph.num_edges and \
+                    not name.startswith('edge_'):
+                return f'per-edge argument {name!r} not named edge_*'
+        return None
 
     def message_weight(self, **kwargs: Any):
         """For a ``linear_message`` of the form ``w_e * x_j``: the per-edge
@@ -73,3 +160,18 @@ class DistMessagePassing(MessagePassing):
         raise NotImplementedError(
             f"{type(self).__name__} sets attention = True but does not "
             f"define edge_score()")
+
+
+def _flat(values):
+    for v in values:
+        if isinstance(v, (tuple, list)):
+            yield from v
+        else:
+            yield v
+
+
+def _check_size(module, graph: DistGraph, size) -> None:
+    if size is not None and tuple(size) != (graph.num_nodes, graph.num_nodes):
+        raise ValueError(f"{type(module).__name__}: size={tuple(size)} is "
+                         f"not supported over a DistGraph (its size is "
+                         f"{graph.num_nodes} local nodes); pass size=None")

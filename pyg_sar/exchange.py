@@ -1,0 +1,105 @@
+"""Differentiable row exchanges between workers.
+
+A :class:`RowPlan` says which rows of a per-worker tensor go to which peer and
+where the rows that arrive are placed in the output. :func:`fetch_rows` runs
+it as an autograd function: the forward is one exchange of rows, the backward
+the same exchange reversed, with the gradients of every copy of a row summed
+at its owner. The halo of a :class:`~pyg_sar.DistGraph` (the source rows of
+remote in-edges) and the edge values of a reversed graph are two such plans.
+
+All communication goes through :mod:`pyg_sar.comm`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from pyg_sar import comm
+
+# Channels of the two directions; they never share one with the SAR engine.
+_FORWARD_TAG, _BACKWARD_TAG = 21, 22
+
+
+@dataclass
+class RowPlan:
+    """Where the rows of an input tensor go.
+
+    Args:
+        num_out: Rows of the output.
+        local_src: Input rows kept on this worker ...
+        local_dst: ... and their positions in the output.
+        send_idx: ``{peer: input rows sent to peer}``, in the order the peer
+            expects them.
+        recv_pos: ``{peer: output positions of the rows it sends}``.
+
+    Output rows that no entry fills are zero. Both sides of every pair of
+    peers must hold matching plans (the same counts in the same order).
+    """
+    num_out: int
+    local_src: Tensor
+    local_dst: Tensor
+    send_idx: Dict[int, Tensor]
+    recv_pos: Dict[int, Tensor]
+
+    def num_received(self) -> int:
+        return sum(int(p.numel()) for p in self.recv_pos.values())
+
+
+def _exchange(sends: Dict[int, Tensor], counts: Dict[int, int],
+              like: Tensor, tag: int) -> Dict[int, Tensor]:
+    shapes = {q: [((n, *like.shape[1:]), like.dtype)]
+              for q, n in counts.items()}
+    received = comm.post_exchange({q: [t] for q, t in sends.items()}, shapes,
+                                  like.device, tag).wait()
+    return {q: rows[0] for q, rows in received.items()}
+
+
+def _on(index: Tensor, device: torch.device) -> Tensor:
+    return index if index.device == device else index.to(device)
+
+
+class _FetchRows(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, plan: RowPlan, table: Tensor) -> Tensor:
+        ctx.plan, ctx.num_rows = plan, table.shape[0]
+        dev = table.device
+        sends = {q: table.index_select(0, _on(idx, dev))
+                 for q, idx in plan.send_idx.items()}
+        counts = {q: int(pos.numel()) for q, pos in plan.recv_pos.items()}
+        received = _exchange(sends, counts, table, _FORWARD_TAG)
+        out = table.new_zeros((plan.num_out, *table.shape[1:]))
+        out.index_copy_(0, _on(plan.local_dst, dev),
+                        table.index_select(0, _on(plan.local_src, dev)))
+        for q, rows in received.items():
+            out.index_copy_(0, _on(plan.recv_pos[q], dev), rows)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        plan: RowPlan = ctx.plan
+        dev = grad.device
+        sends = {q: grad.index_select(0, _on(pos, dev))
+                 for q, pos in plan.recv_pos.items()}
+        counts = {q: int(idx.numel()) for q, idx in plan.send_idx.items()}
+        received = _exchange(sends, counts, grad, _BACKWARD_TAG)
+        out = grad.new_zeros((ctx.num_rows, *grad.shape[1:]))
+        out.index_add_(0, _on(plan.local_src, dev),
+                       grad.index_select(0, _on(plan.local_dst, dev)))
+        for q, rows in received.items():
+            out.index_add_(0, _on(plan.send_idx[q], dev), rows)
+        return None, out
+
+
+def fetch_rows(plan: RowPlan, table: Tensor, dim: int = 0) -> Tensor:
+    """Runs ``plan`` on the rows (dimension ``dim``) of ``table``;
+    differentiable. Collective over the peers of the plan."""
+    if dim != 0 and dim != -table.dim():
+        moved = table.movedim(dim, 0)
+        return fetch_rows(plan, moved).movedim(0, dim)
+    return _FetchRows.apply(plan, table)
