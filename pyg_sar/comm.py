@@ -26,7 +26,7 @@ __all__ = [
     'reset_comm_stats', 'all_reduce', 'all_gather_object', 'broadcast_',
     'all_to_all_v', 'post_exchange', 'PendingExchange', 'sync_params',
     'all_reduce_grads', 'global_count', 'barrier', 'find_free_port',
-    'ddp_sum_hook',
+    'ddp_sum_hook', 'global_sum',
 ]
 
 
@@ -249,6 +249,35 @@ def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
+
+
+class _GlobalSum(torch.autograd.Function):
+    """``y = sum over ranks of t``; every rank's ``y`` depends on every
+    rank's ``t``, so the gradient of ``t`` is the sum over ranks of the
+    gradients of ``y``."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor) -> Tensor:
+        return all_reduce(t.clone(memory_format=torch.contiguous_format),
+                          'sum')
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return all_reduce(grad.clone(memory_format=torch.contiguous_format),
+                          'sum')
+
+
+def global_sum(t: Tensor) -> Tensor:
+    """Differentiable sum of ``t`` over all ranks (a new tensor; ``t`` is
+    left untouched).
+
+    The backward pass all-reduces the incoming gradient, so it is a
+    collective too: every rank must call :func:`global_sum` the same number
+    of times, in the same order, and every rank's loss must depend on the
+    result whenever one rank's does. Without a process group (or with one
+    worker) it returns a copy of ``t``.
+    """
+    return _GlobalSum.apply(t)
 
 
 def all_gather_object(obj) -> List:

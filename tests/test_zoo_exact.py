@@ -162,7 +162,8 @@ def _pna():
 
 
 # Stock layers: (constructor, call style). Call styles: 'x' conv(x, g),
-# 'w' with edge_weight, 'a' with edge_attr, 'x0' conv(x, x, g).
+# 'w' with edge_weight, 'a' with edge_attr, 'p' with edge_attr as third
+# argument (pseudo-coordinates), 'x0' conv(x, x, g).
 ZOO = {
     'GINEConv': (lambda: pyg_nn.GINEConv(mlp(C, 6), edge_dim=3), 'a'),
     'TransformerConv': (lambda: pyg_nn.TransformerConv(
@@ -190,6 +191,15 @@ ZOO = {
                                          layer=2), 'x0'),
     'LGConv': (lambda: pyg_nn.LGConv(), 'x'),
     'MixHopConv': (lambda: pyg_nn.MixHopConv(C, 3, powers=[0, 1, 2]), 'x'),
+    'AGNNConv': (lambda: pyg_nn.AGNNConv(requires_grad=True), 'x'),
+    'FeaStConv': (lambda: pyg_nn.FeaStConv(C, 5, heads=2), 'x'),
+    'MFConv': (lambda: pyg_nn.MFConv(C, 5, max_degree=4), 'x'),
+    'FiLMConv': (lambda: pyg_nn.FiLMConv(C, 5), 'x'),
+    'GatedGraphConv': (lambda: pyg_nn.GatedGraphConv(C, 2), 'x'),
+    'GMMConv': (lambda: pyg_nn.GMMConv(C, 5, dim=3, kernel_size=2), 'p'),
+    'ARMAConv': (lambda: pyg_nn.ARMAConv(C, 5, num_stacks=2,
+                                         num_layers=2), 'w'),
+    'FAConv': (lambda: pyg_nn.FAConv(C, eps=0.2), 'x0'),
     'DirGNNConv': (lambda: pyg_nn.DirGNNConv(pyg_nn.SAGEConv(C, 5)), 'x'),
     'DirGNNConv_gen': (lambda: pyg_nn.DirGNNConv(
         pyg_nn.GENConv(C, 5, aggr='softmax')), 'x'),
@@ -220,6 +230,8 @@ def call(module, style, x, graph, source):
         return module(x, graph, edge_weight=source.edge_weight)
     if style == 'a':
         return module(x, graph, edge_attr=source.edge_attr)
+    if style == 'p':
+        return module(x, graph, source.edge_attr)
     if style == 'x0':
         return module(x, x, graph)
     return module(x, graph)

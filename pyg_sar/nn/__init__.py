@@ -6,10 +6,14 @@ from pyg_sar.nn.graph_conv import GraphConv
 from pyg_sar.nn.gin_conv import GINConv
 from pyg_sar.nn.gat_conv import GATConv
 from pyg_sar.nn.gatv2_conv import GATv2Conv
-from pyg_sar.nn.batch_norm import BatchNorm
-from pyg_sar.nn.convert import to_distributed
+from pyg_sar.nn.norm import (BatchNorm, BatchNorm1d, GraphNorm, InstanceNorm,
+                             LayerNorm, PairNorm)
+from pyg_sar.nn.dir_gnn_conv import DistDirGNNConv
+from pyg_sar.nn.convert import convertible, to_distributed
 
 __all__ = [
     'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
-    'GATConv', 'GATv2Conv', 'BatchNorm', 'to_distributed'
+    'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
+    'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv',
+    'to_distributed', 'convertible'
 ]

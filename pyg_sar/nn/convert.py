@@ -21,6 +21,7 @@ from typing import Callable, Dict, Type
 
 import torch
 import torch_geometric.nn as pyg_nn
+import torch_geometric.nn.conv as pyg_conv
 from torch_geometric.nn import MessagePassing
 
 from pyg_sar.nn.adapter import DistAdapter, adapt
@@ -75,8 +76,16 @@ ADAPTED = (
     pyg_nn.GINEConv, pyg_nn.TransformerConv, pyg_nn.EdgeConv,
     pyg_nn.ResGatedGraphConv, pyg_nn.GENConv, pyg_nn.PNAConv,
     pyg_nn.LEConv, pyg_nn.ClusterGCNConv, pyg_nn.GeneralConv, pyg_nn.CGConv,
-    pyg_nn.NNConv, pyg_nn.SimpleConv,
+    pyg_nn.NNConv, pyg_nn.SimpleConv, pyg_nn.AGNNConv, pyg_nn.FeaStConv,
+    pyg_nn.MFConv, pyg_nn.FiLMConv, pyg_nn.GatedGraphConv, pyg_nn.GMMConv,
 )
+
+
+# Not per-destination: heterogeneous dispatch, global attention over all
+# nodes (every other class of torch_geometric.nn.conv that is not
+# convertible is refused too).
+REFUSED = (pyg_nn.HeteroConv, pyg_nn.GPSConv)
+_CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
 
 
 def convertible() -> tuple:
@@ -137,8 +146,8 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
         from pyg_sar.nn.dir_gnn_conv import adapt_dir_gnn
         _convert_children(module, f'{path}.' if path else '', strict)
         return adapt_dir_gnn(module)
-    refused = isinstance(module, MessagePassing) or isinstance(
-        module, NODE_MIXING_WITHOUT_DIST_VERSION)
+    refused = isinstance(module, (MessagePassing, REFUSED) + tuple(
+        NODE_MIXING_WITHOUT_DIST_VERSION)) or cls in _CONV_CLASSES
     if not refused:
         return None
     where = f" at '{path}'" if path else ''

@@ -32,6 +32,7 @@ import warnings
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from pyg_sar import comm
 from pyg_sar.graph import DistGraph, EdgeBlock, EdgeChunk
@@ -264,12 +265,19 @@ class SARFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
         runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
-        ctx.runner = runner
+        ctx.runner, ctx.layer = runner, plan.module
         return runner.forward()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         runner: _Runner = ctx.runner
+        if runner is None:
+            raise RuntimeError(
+                f"pyg_sar: a second backward through "
+                f"{type(ctx.layer).__name__}'s distributed propagation "
+                f"(retain_graph=True) is not supported: the SAR engine frees "
+                f"its state after the first backward; run the forward again")
         ctx.runner = None
         return (None, *runner.backward(grad_out.contiguous()))
 

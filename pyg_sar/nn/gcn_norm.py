@@ -73,6 +73,9 @@ NORMALIZED: Dict[type, Callable[[torch.nn.Module],
     else None,
     pyg_nn.TAGConv: lambda m: (False, False) if m.normalize else None,
     pyg_nn.LGConv: lambda m: (False, False) if m.normalize else None,
+    pyg_nn.ARMAConv: lambda m: (False, False),
+    pyg_nn.FAConv: lambda m: (False, m.add_self_loops) if m.normalize
+    else None,
 }
 
 
