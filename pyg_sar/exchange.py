@@ -62,38 +62,68 @@ def _on(index: Tensor, device: torch.device) -> Tensor:
     return index if index.device == device else index.to(device)
 
 
+def _fetch(plan: RowPlan, table: Tensor) -> Tensor:
+    """Output rows of ``plan`` from the input rows ``table``."""
+    dev = table.device
+    sends = {q: table.index_select(0, _on(idx, dev))
+             for q, idx in plan.send_idx.items()}
+    counts = {q: int(pos.numel()) for q, pos in plan.recv_pos.items()}
+    received = _exchange(sends, counts, table, _FORWARD_TAG)
+    out = table.new_zeros((plan.num_out, *table.shape[1:]))
+    out.index_copy_(0, _on(plan.local_dst, dev),
+                    table.index_select(0, _on(plan.local_src, dev)))
+    for q, rows in received.items():
+        out.index_copy_(0, _on(plan.recv_pos[q], dev), rows)
+    return out
+
+
+def _push(plan: RowPlan, rows: Tensor, num_rows: int) -> Tensor:
+    """The transpose of :func:`_fetch`: output rows go back to the input
+    row they came from and are summed there."""
+    dev = rows.device
+    sends = {q: rows.index_select(0, _on(pos, dev))
+             for q, pos in plan.recv_pos.items()}
+    counts = {q: int(idx.numel()) for q, idx in plan.send_idx.items()}
+    received = _exchange(sends, counts, rows, _BACKWARD_TAG)
+    out = rows.new_zeros((num_rows, *rows.shape[1:]))
+    out.index_add_(0, _on(plan.local_src, dev),
+                   rows.index_select(0, _on(plan.local_dst, dev)))
+    for q, got in received.items():
+        out.index_add_(0, _on(plan.send_idx[q], dev), got)
+    return out
+
+
 class _FetchRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan: RowPlan, table: Tensor) -> Tensor:
         ctx.plan, ctx.num_rows = plan, table.shape[0]
-        dev = table.device
-        sends = {q: table.index_select(0, _on(idx, dev))
-                 for q, idx in plan.send_idx.items()}
-        counts = {q: int(pos.numel()) for q, pos in plan.recv_pos.items()}
-        received = _exchange(sends, counts, table, _FORWARD_TAG)
-        out = table.new_zeros((plan.num_out, *table.shape[1:]))
-        out.index_copy_(0, _on(plan.local_dst, dev),
-                        table.index_select(0, _on(plan.local_src, dev)))
-        for q, rows in received.items():
-            out.index_copy_(0, _on(plan.recv_pos[q], dev), rows)
-        return out
+        return _fetch(plan, table)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
-        plan: RowPlan = ctx.plan
-        dev = grad.device
-        sends = {q: grad.index_select(0, _on(pos, dev))
-                 for q, pos in plan.recv_pos.items()}
-        counts = {q: int(idx.numel()) for q, idx in plan.send_idx.items()}
-        received = _exchange(sends, counts, grad, _BACKWARD_TAG)
-        out = grad.new_zeros((ctx.num_rows, *grad.shape[1:]))
-        out.index_add_(0, _on(plan.local_src, dev),
-                       grad.index_select(0, _on(plan.local_dst, dev)))
-        for q, rows in received.items():
-            out.index_add_(0, _on(plan.send_idx[q], dev), rows)
-        return None, out
+        return None, _push(ctx.plan, grad, ctx.num_rows)
+
+
+class _PushRows(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, plan: RowPlan, rows: Tensor, num_rows: int) -> Tensor:
+        ctx.plan = plan
+        return _push(plan, rows, num_rows)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        return None, _fetch(ctx.plan, grad), None
+
+
+def push_rows(plan: RowPlan, rows: Tensor, num_rows: int) -> Tensor:
+    """The transpose of :func:`fetch_rows`: every output row of ``plan`` is
+    added to the input row it was fetched from (``num_rows`` of them).
+    Differentiable; collective."""
+    return _PushRows.apply(plan, rows, num_rows)
 
 
 def fetch_rows(plan: RowPlan, table: Tensor, dim: int = 0) -> Tensor:

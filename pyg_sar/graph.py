@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.exchange import RowPlan, fetch_rows
+from pyg_sar.exchange import RowPlan, fetch_rows, push_rows
 
 MODES = ('sar', 'sa', 'one_shot')
 
@@ -441,6 +441,12 @@ class DistGraph:
         block order (the ``one_shot`` layout): differentiable, gradients of
         halo rows return to their owners. Collective."""
         return fetch_rows(self.halo_plan(), x, dim)
+
+    def push_halo(self, x_ext: Tensor) -> Tensor:
+        """The transpose of :meth:`fetch_halo`: each halo row is added to
+        its owner's row (e.g. partial out-degrees summed into global ones).
+        Differentiable; collective."""
+        return push_rows(self.halo_plan(), x_ext, self.num_nodes)
 
     def halo_edge_index(self) -> Tensor:
         """Every local in-edge as ``[2, E]`` ``(source, destination)`` in the

@@ -11,7 +11,6 @@ import copy
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
-from torch import Tensor
 from torch.nn import Linear, ReLU, Sequential
 from torch_geometric.nn import MessagePassing, aggr
 from torch_geometric.utils import degree, scatter, softmax
@@ -200,6 +199,11 @@ ZOO = {
     'ARMAConv': (lambda: pyg_nn.ARMAConv(C, 5, num_stacks=2,
                                          num_layers=2), 'w'),
     'FAConv': (lambda: pyg_nn.FAConv(C, eps=0.2), 'x0'),
+    'ChebConv_sym': (lambda: pyg_nn.ChebConv(C, 5, K=3), 'w'),
+    'ChebConv_rw': (lambda: pyg_nn.ChebConv(C, 5, K=2,
+                                            normalization='rw'), 'x'),
+    'ChebConv_none': (lambda: pyg_nn.ChebConv(C, 5, K=2,
+                                              normalization=None), 'w'),
     'DirGNNConv': (lambda: pyg_nn.DirGNNConv(pyg_nn.SAGEConv(C, 5)), 'x'),
     'DirGNNConv_gen': (lambda: pyg_nn.DirGNNConv(
         pyg_nn.GENConv(C, 5, aggr='softmax')), 'x'),

@@ -20,6 +20,7 @@ import inspect
 import sys
 from typing import Any, Dict, Optional
 
+import torch_geometric.nn as pyg_nn
 from torch import Tensor
 
 from pyg_sar.graph import DistGraph
@@ -110,6 +111,9 @@ def _dtype(values: Dict[str, Any]):
 def adapted_class(cls: type) -> type:
     """``cls`` with :class:`DistAdapter` in front (one class per ``cls``,
     importable as ``pyg_sar.nn.adapter.Dist<Name>`` so pickling works)."""
+    if cls not in _ADAPTED and cls is pyg_nn.ChebConv:
+        from pyg_sar.nn.cheb_conv import ChebConv
+        _ADAPTED[cls] = ChebConv
     if cls not in _ADAPTED:
         name = f'Dist{cls.__name__}'
         new = type(name, (DistAdapter, cls), {'__module__': __name__,
