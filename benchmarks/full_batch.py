@@ -41,7 +41,9 @@ import time
 from typing import Dict, List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
-MODELS = ('sage', 'gat')
+MODELS = ('sage', 'gat', 'transformer', 'gen')
+# GAT and SAGE run on the SAR engine; TransformerConv and GENConv (learnable
+# softmax aggregation) over whole neighborhoods.
 
 
 # Memory probes ###############################################################
@@ -97,6 +99,8 @@ def halo_bound(graph, model: str, layer_dims: List[dict]) -> int:
       (forward only, 1x). GAT's first layer exchanges ``W x``, which does
       need a gradient (for ``W``): 2x as every other layer.
     """
+    if model not in ('sage', 'gat'):
+        return None  # whole neighborhoods: bytes are reported, not bounded
     total = 0
     for layer, dims in enumerate(layer_dims):
         feats = dims['in'] if model == 'sage' else \
@@ -109,7 +113,7 @@ def halo_bound(graph, model: str, layer_dims: List[dict]) -> int:
 def _layer_dims(net, model: str) -> List[dict]:
     dims = []
     for conv in net.convs:
-        if model == 'sage':
+        if not hasattr(conv, 'heads'):
             dims.append({'in': conv.in_channels, 'out': conv.out_channels})
         else:
             dims.append({'in': conv.in_channels, 'out': conv.out_channels,
@@ -300,7 +304,8 @@ def _summarize(name: str, results: List[dict]) -> dict:
         exchange_bytes=sum(r['exchange_bytes_received'] for r in results),
         total_bytes=sum(r['bytes_received'] for r in results),
         halo_bound_bytes=(sum(r['halo_bound_bytes'] for r in results)
-                          if 'halo_bound_bytes' in r0 else None),
+                          if r0.get('halo_bound_bytes') is not None
+                          else None),
         halo_nodes=(sum(r['num_halo_nodes'] for r in results)
                     if 'num_halo_nodes' in r0 else None),
         per_rank=results)
@@ -405,7 +410,7 @@ def check_targets(rows: List[dict], worker_counts: List[int]) -> List[dict]:
                      ('epoch_peak_over_rss_mib', 'epoch peak')):
         if any(r[key] is None for r in rows):
             continue
-        for model in MODELS:
+        for model in _models(rows):
             one = by.get(('sar', model, 1, False))
             for n in worker_counts:
                 r = by.get(('sar', model, n, False))
@@ -434,7 +439,7 @@ def check_targets(rows: List[dict], worker_counts: List[int]) -> List[dict]:
             add(f'sage N={n} bytes <= 1.05 x halo bound',
                 round(r['bytes_over_bound'], 3), 1.05,
                 r['bytes_over_bound'] <= 1.05)
-    for model in MODELS:
+    for model in _models(rows):
         stock, one = by.get(('pyg', model, 1, False)), \
             by.get(('sar', model, 1, False))
         if stock and one:
@@ -447,12 +452,17 @@ def check_targets(rows: List[dict], worker_counts: List[int]) -> List[dict]:
     return checks
 
 
+def _models(rows: List[dict]) -> List[str]:
+    return [m for m in MODELS if any(r['model'] == m for r in rows)]
+
+
 def plot(rows: List[dict], path: str) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for model, color in zip(MODELS, ('tab:blue', 'tab:orange')):
+    colors = ('tab:blue', 'tab:orange', 'tab:green', 'tab:red')
+    for model, color in zip(_models(rows), colors):
         sar = sorted((r for r in rows if r['model'] == model and
                       r['impl'] == 'sar' and r['chunk_size'] is None),
                      key=lambda r: r['workers'])
@@ -513,7 +523,7 @@ def main(args: argparse.Namespace) -> None:
         if args.pipeline_depth is not None:
             common += ['--pipeline-depth', str(args.pipeline_depth)]
         configs = []
-        for model in MODELS:
+        for model in args.models.split(','):
             configs.append((f'{model} stock PyG', 1,
                             ['--impl', 'pyg', '--data', data_path]))
             for n in worker_counts:
@@ -549,6 +559,8 @@ def main(args: argparse.Namespace) -> None:
                       heads=args.heads, mode=args.mode,
                       epochs=args.epochs, rows=rows, targets=checks)
         name = 'full_batch_quick' if args.quick else 'full_batch'
+        if args.models != 'sage,gat':
+            name += '_' + args.models.replace(',', '_')
         if not args.malloc_mmap_threshold:
             name += '_dynamic_malloc'
         with open(osp.join(args.out, f'{name}.json'), 'w') as f:
@@ -566,6 +578,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--avg-degree', type=float, default=20.0)
     parser.add_argument('--num-features', type=int, default=128)
     parser.add_argument('--num-classes', type=int, default=10)
+    parser.add_argument('--models', default='sage,gat',
+                        help='comma-separated, from %s' % (MODELS, ))
     parser.add_argument('--layers', type=int, default=3)
     parser.add_argument('--hidden', type=int, default=256)
     parser.add_argument('--heads', type=int, default=4)

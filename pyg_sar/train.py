@@ -24,7 +24,7 @@ from torch import Tensor
 from pyg_sar import comm
 from pyg_sar.cli import register_command
 
-MODELS = ('sage', 'gcn', 'gat')
+MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
 
 
 class GNN(torch.nn.Module):
@@ -37,7 +37,8 @@ class GNN(torch.nn.Module):
                  out_channels: int, num_layers: int = 2, heads: int = 4,
                  dropout: float = 0.5) -> None:
         super().__init__()
-        from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+        from torch_geometric.nn import (GATConv, GCNConv, GENConv, SAGEConv,
+                                        TransformerConv)
         if model not in MODELS:
             raise ValueError(f"model must be one of {MODELS} (got {model!r})")
         if num_layers < 1:
@@ -52,6 +53,14 @@ class GNN(torch.nn.Module):
                 conv = SAGEConv(dim_in, dim_out)
             elif model == 'gcn':
                 conv = GCNConv(dim_in, dim_out)
+            elif model == 'gen':
+                # Learnable softmax aggregation: runs over whole
+                # neighborhoods when distributed.
+                conv = GENConv(dim_in, dim_out, aggr='softmax', learn_t=True)
+            elif model == 'transformer':
+                conv = TransformerConv(dim_in, dim_out if last else
+                                       dim_out // heads, heads=heads,
+                                       concat=not last)
             else:
                 # Hidden layers concatenate heads; the output layer averages.
                 conv = GATConv(dim_in, dim_out if last else

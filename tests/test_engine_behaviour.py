@@ -105,8 +105,8 @@ def test_bad_input_is_a_clear_error(graph_data, tmp_path):
         conv(part.x[:10], graph)
     with pytest.raises(TypeError, match="expects a pyg_sar.DistGraph"):
         conv(part.x, part.edge_index)
-    with pytest.raises(ValueError, match="aggr='std' is not supported"):
-        pyg_sar.nn.SAGEConv(8, 4, aggr='std')(part.x, graph)
+    with pytest.raises(ValueError, match=r"size=\(5, 5\) is not supported"):
+        conv.propagate(graph, size=(5, 5), x=part.x)
 
 
 def _bytes_per_epoch(rank, world_size, root, mode):

@@ -263,10 +263,56 @@ def _cast(source, dtype):
     return View
 
 
+class CurveNet(torch.nn.Module):
+    """Layers on the whole-neighborhood path and a graph-mode norm."""
+    def __init__(self):
+        super().__init__()
+        self.conv1 = pyg_nn.TransformerConv(C, 4, heads=2, edge_dim=3)
+        self.norm = pyg_nn.LayerNorm(8)
+        self.conv2 = pyg_nn.GENConv(8, 3, aggr='softmax', learn_t=True)
+
+    def forward(self, x, edge_index, edge_attr):
+        h = self.norm(self.conv1(x, edge_index, edge_attr)).relu()
+        return self.conv2(h, edge_index)
+
+
+def loss_curve(x, edge_index, edge_attr, y, mask, total, epochs=15,
+               dist=False):
+    torch.manual_seed(7)
+    net = CurveNet()
+    if dist:
+        net = pyg_sar.nn.to_distributed(net)
+    opt = torch.optim.Adam(net.parameters(), lr=0.02)
+    losses = []
+    for _ in range(epochs):
+        opt.zero_grad()
+        out = net(x, edge_index, edge_attr)
+        loss = torch.nn.functional.cross_entropy(
+            out[mask], y[mask], reduction='sum') / total
+        loss.backward()
+        if dist:
+            pyg_sar.all_reduce_grads(net)
+            loss = pyg_sar.comm.all_reduce(loss.detach().clone())
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def _train_mask(part, rank, world_size):
+    mask = part.train_mask.clone()
+    if rank == world_size - 1 and world_size > 1:
+        mask[:] = False  # a part without training nodes
+    return mask
+
+
 def _worker(rank, world_size, root, cases):
     part = pyg_sar.load_partition(root, rank)
     n = int(part.num_nodes)
     results = {}
+    mask = _train_mask(part, rank, world_size)
+    graph = pyg_sar.DistGraph(part, mode='sar', chunk_size=CHUNK)
+    results['curve'] = loss_curve(part.x, graph, part.edge_attr, part.y, mask,
+                                  pyg_sar.global_count(mask), dist=True)
     for mode in MODES:
         for chunk in (None, CHUNK):
             graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
@@ -295,6 +341,17 @@ def test_zoo_and_contract_equal_single_process(world_size, tmp_path):
     pyg_sar.partition_graph(data, world_size, root)
     results = run_workers(_worker, world_size, root, CASES, timeout_s=240)
     ids = torch.cat([r['ids'] for r in results])
+    mask = data.train_mask.clone()
+    if world_size > 1:
+        last = pyg_sar.load_partition(root, world_size - 1)
+        mask[last.orig_ids] = False
+    expected = torch.tensor(loss_curve(data.x, data.edge_index,
+                                       data.edge_attr, data.y, mask,
+                                       int(mask.sum())))
+    for r in results:
+        torch.testing.assert_close(torch.tensor(r['curve']), expected,
+                                   rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f'loss curve: {m}')
     for case in CASES:
         for dtype in ((torch.float32, torch.float64) if case in FLOAT64
                       else (torch.float32, )):
