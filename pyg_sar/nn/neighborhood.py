@@ -124,6 +124,13 @@ def _extend_kwargs(module, graph: DistGraph, kwargs: Dict[str, Any],
     return out, mapped
 
 
+def has_collective_norm(module) -> bool:
+    """Whether ``module`` holds a whole-graph norm of :mod:`pyg_sar.nn.norm`
+    (a collective in forward and backward)."""
+    return any(type(m).__module__.startswith('pyg_sar.nn.norm')
+               for m in module.modules())
+
+
 def chunk_limit(module, graph: DistGraph, tensors: List[Tensor]) -> int:
     """Edges per chunk: the graph's ``chunk_size``, else what keeps a few
     per-edge copies of every input row inside ``edge_memory_budget``."""
@@ -189,6 +196,13 @@ def whole_propagate(module, graph: DistGraph, edge_index: Tensor,
     device = next((t.device for t in node_tensors), edge_index.device)
     edge_index = edge_index.to(device)
     limit = chunk_limit(module, graph, node_tensors)
+    if has_collective_norm(module):
+        # A whole-graph norm inside message/update (e.g. in EdgeConv's MLP)
+        # takes statistics over every edge at once: no chunks, or each
+        # chunk would normalize alone (and ranks with different chunk
+        # counts would disagree on the number of collectives).
+        log_once(module, 'a whole-graph norm inside the layer: no chunks')
+        limit = max(num_edges, 1)
     dim = module.node_dim
     n_local = graph.num_nodes
 
