@@ -1,0 +1,158 @@
+"""Attention: a softmax over all in-edges of a destination, computed online
+(running max and sum per destination and head, rescaled as blocks arrive),
+with replayable dropout, and its FlashAttention-style backward. Values that
+are plain source rows are aggregated with one sparse product per head."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from pyg_sar.graph import EdgeChunk
+
+# PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
+_SOFTMAX_EPS = 1e-16
+
+
+class AttentionMixin:
+    """Owns the runner's ``attention`` kind: the online-softmax forward, the
+    per-head sparse products of the value path, dropout masks, and the
+    gradients of scores and values (``_probabilities``,
+    ``_sparse_attention_grads``, ``_attention_grads``)."""
+
+    def _forward_attention(self) -> Tensor:
+        """Online softmax over all in-edges of each destination and head."""
+        g = self.graph
+        keep = self._keeps_graph()
+        run_max = run_sum = out = None
+        kept = []
+        for block, tables in self._blocks():
+            named = self._named(tables)
+            heads = self._value_heads(named)
+            for c_idx, chunk in enumerate(self._chunks(block)):
+                outputs, made = self._compute(chunk, named, grad=keep)
+                score = outputs[0]
+                value = outputs[1] if heads is None else None
+                if out is None:
+                    run_max = score.new_full((g.num_nodes, *score.shape[1:]),
+                                             float('-inf'))
+                    run_sum = torch.zeros_like(run_max)
+                    width = (value.shape[1:] if heads is None else
+                             (heads.shape[0], heads.shape[2]))
+                    out = score.new_zeros((g.num_nodes, *width))
+                if chunk.num_edges == 0:
+                    continue
+                if keep:
+                    kept.append((block.peer, chunk, c_idx, made, outputs,
+                                 heads))
+                score = score.detach()
+                lo, hi = chunk.row_start, chunk.row_end
+                rows = chunk.dst - lo
+                idx = rows.view(-1, 1).expand_as(score)
+                old_max = run_max[lo:hi]
+                new_max = old_max.clone().scatter_reduce_(
+                    0, idx, score, 'amax', include_self=True)
+                scale = torch.where(new_max == float('-inf'),
+                                    torch.zeros_like(new_max),
+                                    torch.exp(old_max - new_max))
+                weight = torch.exp(score - new_max.gather(0, idx))
+                run_sum[lo:hi] = run_sum[lo:hi] * scale + torch.zeros_like(
+                    old_max).scatter_add_(0, idx, weight)
+                weight = weight * self._dropout_mask(block.peer, c_idx,
+                                                     weight)
+                part = out[lo:hi]  # a view: updated in place
+                part.mul_(scale.unsqueeze(-1))
+                if heads is None:
+                    part.index_add_(0, rows,
+                                    weight.unsqueeze(-1) * value.detach())
+                else:
+                    self._add_per_head_spmm(part, chunk, weight, heads)
+                run_max[lo:hi] = new_max
+        out = out / (run_sum + _SOFTMAX_EPS).unsqueeze(-1)
+        self.state.update(out=out, run_max=run_max, run_sum=run_sum,
+                          kept=kept)
+        return out
+
+    def _value_heads(self, tables: Dict[str, Tensor]) -> Optional[Tensor]:
+        """The value rows head-major, ``[H, num_src, C]``, on the sparse
+        value path: a view, so no copy of the table is made."""
+        if self.plan.value_source is None:
+            return None
+        return tables[self.plan.value_source].transpose(0, 1)
+
+    @staticmethod
+    def _add_per_head_spmm(part: Tensor, chunk: EdgeChunk, weight: Tensor,
+                           heads: Tensor) -> None:
+        """Adds ``sum_j weight[e, h] * value[j, h]`` to each destination row
+        of the chunk: one CSR product per head, no per-edge value rows."""
+        crow, col = chunk.csr()
+        shape = (chunk.row_end - chunk.row_start, heads.shape[1])
+        for h in range(heads.shape[0]):
+            adj = torch.sparse_csr_tensor(crow, col, weight[:, h].contiguous(),
+                                          shape)
+            part[:, h] += adj @ heads[h]
+
+    def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
+        """Attention dropout, replayable: the mask of a chunk depends only on
+        the call's seed and the chunk's position."""
+        p = self.plan.dropout
+        if p <= 0:
+            return 1.0
+        gen = torch.Generator(device=like.device)
+        gen.manual_seed((self.plan.seed * 1000003 + peer * 7919 + c_idx)
+                        % (2**62))
+        keep = torch.rand(like.shape, generator=gen, device=like.device,
+                          dtype=like.dtype) >= p
+        return keep.to(like.dtype) / (1.0 - p)
+
+    def _probabilities(self, peer: int, chunk: EdgeChunk, c_idx: int,
+                       score: Tensor):
+        """The chunk's softmax probabilities, recomputed from the saved
+        per-destination max and sum, and its replayed dropout mask."""
+        m = self.state['run_max'].index_select(0, chunk.dst)
+        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
+        prob = torch.exp(score.detach() - m) / s
+        return prob, self._dropout_mask(peer, c_idx, prob)
+
+    def _sparse_attention_grads(self, peer: int, chunk: EdgeChunk,
+                                c_idx: int, score: Tensor, grad_out: Tensor,
+                                delta: Tensor, heads: Tensor,
+                                value_grad: Optional[Tensor]):
+        """:meth:`_attention_grads` for values that are source rows: the
+        value gradient ``A_h^T (p z) dO_h`` and the per-edge products
+        ``dO_i . v_j`` (sampled dense-dense products) are taken per head on
+        the chunk's sparsity pattern; only ``[E, H]`` tensors are built."""
+        prob, mask = self._probabilities(peer, chunk, c_idx, score)
+        weighted = prob * mask
+        num_src = heads.shape[1]
+        lo, hi = chunk.row_start, chunk.row_end
+        g_heads = grad_out[lo:hi].transpose(0, 1)  # head-major view
+        crow, col = chunk.csr()
+        crow_t, col_t, perm = chunk.csr_transposed(num_src)
+        pattern = torch.sparse_csr_tensor(
+            crow, col, score.new_zeros(chunk.num_edges), (hi - lo, num_src))
+        dot = torch.empty_like(prob)
+        for h in range(heads.shape[0]):
+            dot[:, h] = torch.sparse.sampled_addmm(
+                pattern, g_heads[h], heads[h].t(), beta=0.0).values()
+            if value_grad is not None:
+                adj_t = torch.sparse_csr_tensor(
+                    crow_t, col_t, weighted[perm, h].contiguous(),
+                    (num_src, hi - lo))
+                value_grad[:, h] += adj_t @ g_heads[h]
+        grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
+        return (grad_score, )
+
+    def _attention_grads(self, peer: int, chunk: EdgeChunk, c_idx: int,
+                         outputs, grad_out: Tensor, delta: Tensor):
+        """FlashAttention-style gradients of one chunk from the saved
+        per-destination max and sum: ``dv = p z dO`` and
+        ``da = p (z dO.v - D)`` with ``D = dO.out`` and dropout mask ``z``."""
+        score, value = outputs
+        prob, mask = self._probabilities(peer, chunk, c_idx, score)
+        g_rows = grad_out.index_select(0, chunk.dst)
+        grad_value = (prob * mask).unsqueeze(-1) * g_rows
+        dot = (g_rows * value.detach()).sum(-1)
+        grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
+        return grad_score, grad_value

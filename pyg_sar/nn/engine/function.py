@@ -1,0 +1,265 @@
+"""The autograd function: one ``torch.autograd.Function`` for every mode and
+layer, and the runner that carries one propagation from forward to backward.
+
+The runner owns what is common to every kind of aggregation: the inputs and
+their gradients, how edge blocks are cut into chunks, which kind's forward
+runs, and the backward of general messages and attention (recompute or reuse
+each chunk's messages, backpropagate the analytic gradient of the aggregation
+through them). The kinds and the ring are mixins, one file each:
+:mod:`.messages`, :mod:`.ring`, :mod:`.reduce`, :mod:`.sparse`,
+:mod:`.attention`.
+
+Backward, per mode: ``"sar"`` re-fetches each block and recomputes it,
+``"sa"`` reuses the per-block autograd graph kept in forward, and
+``"one_shot"`` recomputes from the halo table of its single exchange.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from pyg_sar import comm
+from pyg_sar.graph import EdgeBlock, EdgeChunk
+from pyg_sar.nn.engine.attention import AttentionMixin
+from pyg_sar.nn.engine.messages import MessageMixin
+from pyg_sar.nn.engine.reduce import ReduceMixin, _per_row
+from pyg_sar.nn.engine.ring import RingMixin
+from pyg_sar.nn.engine.sparse import SparseMixin
+
+if TYPE_CHECKING:
+    from pyg_sar.nn.engine.plan import _Plan
+
+
+class SARFunction(torch.autograd.Function):
+    """Forward and backward of one propagation, for every mode and layer.
+
+    Inputs: the plan, then the tensors it names by slot (source features,
+    destination features, edge tensors, and the parameters its message
+    reads). Output: the aggregated messages of the local nodes.
+    """
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
+        runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
+        ctx.runner, ctx.layer = runner, plan.module
+        return runner.forward()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        runner: _Runner = ctx.runner
+        if runner is None:
+            raise RuntimeError(
+                f"pyg_sar: a second backward through "
+                f"{type(ctx.layer).__name__}'s distributed propagation "
+                f"(retain_graph=True) is not supported: the SAR engine frees "
+                f"its state after the first backward; run the forward again")
+        ctx.runner = None
+        return (None, *runner.backward(grad_out.contiguous()))
+
+
+class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
+              AttentionMixin):
+    """One propagation: its forward, the state it keeps, its backward."""
+
+    def __init__(self, plan: _Plan, tensors: Sequence[Tensor],
+                 needs_grad: Sequence[bool]) -> None:
+        self.plan = plan
+        self.graph = plan.graph
+        self.mode = plan.graph.mode
+        self.module = plan.module
+        self.params = {s: tensors[s] for s in plan.param_slots}
+        self.tensors = [t.detach() for t in tensors]
+        self.needs_grad = list(needs_grad)
+        self.src_names = list(plan.src_slots)
+        self.sources = [self.tensors[s] for s in plan.src_slots.values()]
+        # Row shape, dtype and device of each source tensor: what the
+        # backward needs of them when it needs no values.
+        self.source_meta = [(t.shape[1:], t.dtype, t.device)
+                            for t in self.sources]
+        self.num_inputs = len(self.tensors)
+        self.max_chunk_edges = self._chunk_limit()
+        self.state: Dict[str, Any] = {}
+        self.any_src_grad = any(self.needs_grad[s]
+                                for s in plan.src_slots.values())
+
+    def _chunk_limit(self) -> Optional[int]:
+        """Edges per chunk: the graph's ``chunk_size``, and for non-linear
+        layers at most what keeps the chunk's temporaries inside the
+        configured ``edge_memory_budget``: a few copies of every gathered
+        row per edge and, on the sparse value path, of every output row of
+        the destinations it touches."""
+        if self.plan.kind == 'spmm':
+            return None  # sparse products hold no per-edge features
+
+        def row_bytes(tensors) -> int:
+            return max([math.prod(t.shape[1:]) * t.element_size()
+                        for t in tensors if t.dim() > 0] + [1])
+
+        # Gathered rows, messages and their gradients coexist in backward.
+        live_copies = 4
+        if self.plan.value_source is None:
+            per_edge = live_copies * row_bytes(self.tensors)
+        else:
+            # Only the score's inputs are gathered per edge (scores,
+            # probabilities, masks and their gradients: twice as many);
+            # values appear per destination row.
+            gathered = [self.tensors[s] for s in self._slots_read('edge_score')]
+            values = [self.tensors[self.plan.src_slots[
+                self.plan.value_source]]]
+            rows_per_edge = self.graph.num_nodes / max(self.graph.num_edges,
+                                                       1)
+            per_edge = int(2 * live_copies * row_bytes(gathered) +
+                           live_copies * row_bytes(values) * rows_per_edge) + 1
+        limit = max(1024, comm.config().edge_memory_budget // per_edge)
+        chunk_size = self.graph.chunk_size
+        return limit if chunk_size is None else min(limit, chunk_size)
+
+    def _slots_read(self, method: str) -> List[int]:
+        plan, slots = self.plan, []
+        for name in plan.sig.params[method]:
+            base = name[:-2]
+            if name.endswith('_j') and base in plan.src_slots:
+                slots.append(plan.src_slots[base])
+            elif name.endswith('_i') and base in plan.dst_slots:
+                slots.append(plan.dst_slots[base])
+            elif name in plan.edge_slots:
+                slots.append(plan.edge_slots[name])
+        return slots
+
+    def _chunks(self, block: EdgeBlock) -> List[EdgeChunk]:
+        return block.chunked(self.max_chunk_edges)
+
+    # Forward #################################################################
+
+    def forward(self) -> Tensor:
+        kind = self.plan.kind
+        if kind == 'spmm':
+            out = self._forward_spmm()
+            # A linear backward needs no input values: let them go.
+            self.tensors = self.sources = None
+            return out
+        if kind == 'attention':
+            return self._forward_attention()
+        return self._forward_reduce()
+
+    def _keeps_graph(self) -> bool:
+        return self.mode == 'sa' and self.plan.kind != 'linear' and \
+            any(self.needs_grad)
+
+    # Backward ################################################################
+
+    def backward(self, grad_out: Tensor) -> List[Optional[Tensor]]:
+        g = self.graph
+        if self.plan.aggr == 'mean':
+            grad_out = grad_out / _per_row(g.in_degree.clamp(min=1),
+                                           grad_out)
+        self.grads: List[Optional[Tensor]] = [None] * self.num_inputs
+        self.src_grads = [self._source_rows(g.num_nodes, k)
+                          for k in range(len(self.source_meta))]
+        if self.plan.kind == 'spmm':
+            self._route(self._spmm_block_grad(grad_out))
+        else:
+            self._backward_general(grad_out)
+        for name, s in self.plan.src_slots.items():
+            self._add(s, self.src_grads[self.src_names.index(name)])
+        return self.grads
+
+    def _add(self, slot_idx: int, value: Optional[Tensor]) -> None:
+        if value is None or not self.needs_grad[slot_idx]:
+            return
+        current = self.grads[slot_idx]
+        self.grads[slot_idx] = value if current is None else current + value
+
+    def _source_rows(self, num_rows: int, k: int) -> Tensor:
+        """Zeros shaped like ``num_rows`` rows of source tensor ``k``."""
+        row, dtype, device = self.source_meta[k]
+        return torch.zeros((num_rows, *row), dtype=dtype, device=device)
+
+    def _backward_general(self, grad_out: Tensor) -> None:
+        """Recompute (or reuse) each chunk's messages, then backpropagate the
+        analytic gradient of the aggregation through them."""
+        plan = self.plan
+        kept_by_peer: Dict[int, list] = {}
+        for peer, *item in self.state.get('kept', []):
+            kept_by_peer.setdefault(peer, []).append(item)
+        params = ([] if plan.kind == 'linear' else
+                  [p for p in self.params.values() if p.requires_grad])
+        param_grads: Dict[int, Tensor] = {}
+        # Gradients of destination and edge tensors, summed over chunks.
+        local_grads: Dict[int, Tensor] = {}
+        delta = ((grad_out * self.state['out']).sum(-1)
+                 if plan.kind == 'attention' else None)
+
+        def chunk_grads(peer, chunk, c_idx, tables, made, outputs,
+                        acc: List[Tensor], heads: Optional[Tensor]) -> None:
+            if outputs is None:
+                outputs, made = self._compute(chunk, tables, grad=True)
+            with torch.no_grad():
+                if heads is not None:
+                    k = self.src_names.index(plan.value_source)
+                    grad_outputs = self._sparse_attention_grads(
+                        peer, chunk, c_idx, outputs[0], grad_out, delta,
+                        heads, acc[k] if self.any_src_grad else None)
+                elif plan.kind == 'attention':
+                    grad_outputs = self._attention_grads(
+                        peer, chunk, c_idx, outputs, grad_out, delta)
+                else:
+                    grad_outputs = (self._reduce_grad(chunk, outputs[0],
+                                                      grad_out), )
+            keys = list(made)
+            targets = [made[k][0] for k in keys] + params
+            if not targets:
+                return
+            res = torch.autograd.grad(outputs, targets, grad_outputs,
+                                      allow_unused=True)
+            for key, value in zip(keys, res):
+                if value is None:
+                    continue
+                kind, ref = key
+                index = made[key][1]
+                if kind == 'src':
+                    acc[self.src_names.index(ref)].index_add_(0, index, value)
+                else:
+                    if ref not in local_grads:
+                        local_grads[ref] = torch.zeros_like(self.tensors[ref])
+                    local_grads[ref].index_add_(0, index, value)
+            for p, value in zip(params, res[len(keys):]):
+                if value is not None:
+                    k = id(p)
+                    param_grads[k] = value if k not in param_grads \
+                        else param_grads[k] + value
+
+        def block_grad(block: EdgeBlock, tables: Optional[List[Tensor]]
+                       ) -> List[Tensor]:
+            acc = [self._source_rows(block.num_src, k)
+                   for k in range(len(self.source_meta))]
+            if self.mode == 'sa' and plan.kind != 'linear':
+                for chunk, c_idx, made, outputs, heads in kept_by_peer.get(
+                        block.peer, []):
+                    chunk_grads(block.peer, chunk, c_idx, None, made,
+                                outputs, acc, heads)
+                return acc
+            if plan.kind == 'linear':
+                # The VJP of a linear message does not depend on the source
+                # rows: evaluate it at zero, nothing re-fetched.
+                tables = [torch.zeros_like(a) for a in acc]
+            named = self._named(tables)
+            heads = self._value_heads(named)
+            for c_idx, chunk in enumerate(self._chunks(block)):
+                if chunk.num_edges > 0:
+                    chunk_grads(block.peer, chunk, c_idx, named, None, None,
+                                acc, heads)
+            return acc
+
+        refetch = self.mode == 'sar' and plan.kind != 'linear'
+        self._route(block_grad, refetch=refetch)
+        for s, value in local_grads.items():
+            self._add(s, value)
+        for s, p in self.params.items():
+            if id(p) in param_grads:
+                self._add(s, param_grads[id(p)])

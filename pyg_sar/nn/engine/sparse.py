@@ -1,0 +1,70 @@
+"""The linear fast path for messages ``w_e * x_j``: sparse matrix products
+both ways, so neither forward nor backward materializes ``[E, F]`` messages
+and the backward sends ``A^T g`` without re-fetching anything."""
+from __future__ import annotations
+
+import warnings
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from pyg_sar.graph import EdgeBlock, EdgeChunk
+from pyg_sar.nn.engine.reduce import _per_row
+
+# CSR products are the point of the linear path; their beta notice is noise.
+warnings.filterwarnings('ignore', '.*Sparse CSR tensor support is in beta.*')
+warnings.filterwarnings('ignore', '.*Sparse invariant checks are implicitly.*')
+
+
+class SparseMixin:
+    """Owns the runner's ``spmm`` kind: the edge weights of a chunk
+    (``_spmm_values``), its forward and its block gradient."""
+
+    def _spmm_values(self, chunk: EdgeChunk, like: Tensor,
+                     perm: Optional[Tensor] = None) -> Tensor:
+        weight = self.plan.linear_weight
+        if weight is None:
+            return like.new_ones(chunk.num_edges)
+        values = weight.index_select(0, chunk.edge_pos).to(like.dtype)
+        return values if perm is None else values[perm]
+
+    def _forward_spmm(self) -> Tensor:
+        """Linear messages ``w_e * x_j``: one sparse product per chunk."""
+        g = self.graph
+        out = None
+        for block, tables in self._blocks():
+            x = tables[0]
+            if out is None:
+                out = x.new_zeros((g.num_nodes, *x.shape[1:]))
+            flat = x.reshape(x.shape[0], -1)
+            for chunk in self._chunks(block):
+                if chunk.num_edges == 0:
+                    continue
+                crow, col = chunk.csr()
+                adj = torch.sparse_csr_tensor(
+                    crow, col, self._spmm_values(chunk, x),
+                    (chunk.row_end - chunk.row_start, block.num_src))
+                out[chunk.row_start:chunk.row_end] += (adj @ flat).view(
+                    -1, *x.shape[1:])
+        if self.plan.aggr == 'mean':
+            out = out / _per_row(g.in_degree.clamp(min=1), out)
+        return out
+
+    def _spmm_block_grad(self, grad_out: Tensor):
+        flat_g = grad_out.reshape(grad_out.shape[0], -1)
+        trailing = self.source_meta[0][0]
+
+        def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
+            acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
+            for chunk in self._chunks(block):
+                if chunk.num_edges == 0:
+                    continue
+                crow, col, perm = chunk.csr_transposed(block.num_src)
+                adj_t = torch.sparse_csr_tensor(
+                    crow, col, self._spmm_values(chunk, flat_g, perm),
+                    (block.num_src, chunk.row_end - chunk.row_start))
+                acc += adj_t @ flat_g[chunk.row_start:chunk.row_end]
+            return [acc.view(block.num_src, *trailing)]
+
+        return block_grad
