@@ -280,6 +280,16 @@ def available() -> list:
             'ogbn-<name>']
 
 
+def _layout(name: str, root: str) -> str:
+    """Where PyG's class looks for the raw files of ``name``."""
+    if name in PLANETOID_NAMES:
+        return (f"{root}/{name}/raw/ind.{name.lower()}."
+                f"{{x,tx,allx,y,ty,ally,graph,test.index}}")
+    if name in AMAZON_NAMES:
+        return f"{root}/{name}/raw/amazon_electronics_{name.lower()}.npz"
+    return f"{root}/{name}/raw/ms_academic_{name.lower()[:3]}.npz"
+
+
 def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
     r"""Loads a node classification graph as a single
     :class:`~torch_geometric.data.Data` with train/val/test masks.
@@ -323,7 +333,13 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
     if name not in loaders:
         raise ValueError(f"Unknown dataset '{name}'; expected one of "
                          f"{available()}")
-    dataset = loaders[name]()
+    try:
+        dataset = loaders[name]()
+    except OSError as e:  # URLError, DNS and connection failures included
+        raise RuntimeError(
+            f"could not download '{name}' into '{root}' ({type(e).__name__}:"
+            f" {e}); offline, provide its raw files as {_layout(name, root)}"
+        ) from None
     data = dataset[0]
     if name in AMAZON_NAMES or name in COAUTHOR_NAMES:
         random_planetoid_split(data, dataset.num_classes, seed=seed)

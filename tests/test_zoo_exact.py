@@ -131,6 +131,21 @@ class Hooked(MessagePassing):
         return torch.sigmoid(x_j) * x_i
 
 
+class Fused(MessagePassing):
+    """Defines message_and_aggregate: PyG calls it only for sparse
+    adjacencies; with an edge_index (and a DistGraph) message + aggregate
+    run, so the numbers are the edge_index numbers."""
+    def __init__(self):
+        super().__init__(aggr='mean')
+        self.lin = Linear(C, 4)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=self.lin(x))
+
+    def message_and_aggregate(self, adj_t, x):
+        return adj_t @ x
+
+
 def distributed(ref_cls):
     """The distributed twin of a user layer: DistMessagePassing in front."""
     return type(f'Dist{ref_cls.__name__}', (DistMessagePassing, ref_cls), {})
@@ -143,6 +158,7 @@ USER = {
     'update_args': (UpdateArgs, 'w'),
     'edge_updater': (EdgeUpdater, 'x'),
     'hooks_decomposed': (Hooked, 'x'),
+    'message_and_aggregate': (Fused, 'x'),
 }
 AGGRS = {
     'mul': lambda: 'mul', 'std': lambda: 'std', 'var': lambda: 'var',
