@@ -12,6 +12,7 @@ import torch_geometric.nn.conv as pyg_conv
 
 import pyg_sar
 from pyg_sar.nn import DistMessagePassing, convertible, to_distributed
+from pyg_sar.nn.convert import REFUSAL_REASONS
 from _graphs import hard_graph
 from test_zoo_exact import ZOO
 
@@ -39,6 +40,7 @@ def test_every_pyg_conv_converts_exactly_or_is_refused_by_name():
             assert cls in tested, f'{name} converts but has no exactness test'
             converted.append(name)
             continue
+        assert name in REFUSAL_REASONS, f'{name}: refused without a reason'
         with pytest.raises(ValueError, match=f'{name} at .0.'):
             to_distributed(torch.nn.Sequential(_bare(cls)))
         with pytest.warns(UserWarning, match=name):

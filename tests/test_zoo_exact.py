@@ -178,7 +178,8 @@ def _pna():
 
 # Stock layers: (constructor, call style). Call styles: 'x' conv(x, g),
 # 'w' with edge_weight, 'a' with edge_attr, 'p' with edge_attr as third
-# argument (pseudo-coordinates), 'x0' conv(x, x, g).
+# argument (pseudo-coordinates), 'x0' conv(x, x, g), 'pos' conv(x, pos, g),
+# 'ppf' conv(x, pos, normal, g).
 ZOO = {
     'GINEConv': (lambda: pyg_nn.GINEConv(mlp(C, 6), edge_dim=3), 'a'),
     'TransformerConv': (lambda: pyg_nn.TransformerConv(
@@ -220,6 +221,14 @@ ZOO = {
                                             normalization='rw'), 'x'),
     'ChebConv_none': (lambda: pyg_nn.ChebConv(C, 5, K=2,
                                               normalization=None), 'w'),
+    'PointNetConv': (lambda: pyg_nn.PointNetConv(mlp(C + 3, 6),
+                                                 mlp(6, 5)), 'pos'),
+    'PPFConv': (lambda: pyg_nn.PPFConv(mlp(C + 4, 6), mlp(6, 5)), 'ppf'),
+    'PointTransformerConv': (lambda: pyg_nn.PointTransformerConv(C, 5),
+                             'pos'),
+    'PointGNNConv': (lambda: pyg_nn.PointGNNConv(
+        mlp(C, 3), mlp(3 + C, C), mlp(C, C)), 'pos'),
+    'WLConvContinuous': (lambda: pyg_nn.WLConvContinuous(), 'w'),
     'DirGNNConv': (lambda: pyg_nn.DirGNNConv(pyg_nn.SAGEConv(C, 5)), 'x'),
     'DirGNNConv_gen': (lambda: pyg_nn.DirGNNConv(
         pyg_nn.GENConv(C, 5, aggr='softmax')), 'x'),
@@ -252,6 +261,12 @@ def call(module, style, x, graph, source):
         return module(x, graph, edge_attr=source.edge_attr)
     if style == 'p':
         return module(x, graph, source.edge_attr)
+    if style in ('pos', 'ppf'):
+        # Positions (and normals) per node, from the features.
+        pos, normal = x.detach()[:, :3] * 0.7 + 0.1, x.detach()[:, 3:6]
+        if style == 'pos':
+            return module(x, pos, graph)
+        return module(x, pos, normal, graph)
     if style == 'x0':
         return module(x, x, graph)
     return module(x, graph)

@@ -78,7 +78,8 @@ ADAPTED = (
     pyg_nn.LEConv, pyg_nn.ClusterGCNConv, pyg_nn.GeneralConv, pyg_nn.CGConv,
     pyg_nn.NNConv, pyg_nn.SimpleConv, pyg_nn.AGNNConv, pyg_nn.FeaStConv,
     pyg_nn.MFConv, pyg_nn.FiLMConv, pyg_nn.GatedGraphConv, pyg_nn.GMMConv,
-    pyg_nn.ChebConv,
+    pyg_nn.ChebConv, pyg_nn.PointNetConv, pyg_nn.PPFConv,
+    pyg_nn.PointTransformerConv, pyg_nn.PointGNNConv, pyg_nn.WLConvContinuous,
 )
 
 
@@ -87,6 +88,29 @@ ADAPTED = (
 # convertible is refused too).
 REFUSED = (pyg_nn.HeteroConv, pyg_nn.GPSConv)
 _CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
+_KNN = 'builds a kNN graph over all nodes inside the layer'
+_KERNEL = 'needs an optional compiled kernel package'
+_HETERO = 'heterogeneous or relational (see the heterogeneous-graph work)'
+_SOURCE_NORM = ('normalizes by source-side degrees inside forward, not yet '
+                'distributed')
+# Why each refused conv class is refused (named in the error).
+REFUSAL_REASONS = {
+    'CuGraphSAGEConv': _KERNEL, 'CuGraphGATConv': _KERNEL,
+    'CuGraphRGCNConv': _KERNEL, 'FusedGATConv': _KERNEL,
+    'SplineConv': _KERNEL, 'GravNetConv': _KNN, 'DynamicEdgeConv': _KNN,
+    'XConv': _KNN, 'RGCNConv': _HETERO, 'FastRGCNConv': _HETERO,
+    'RGATConv': _HETERO, 'HGTConv': _HETERO, 'HEATConv': _HETERO,
+    'HeteroConv': _HETERO, 'HANConv': _HETERO,
+    'SignedConv': 'takes two edge sets (positive and negative)',
+    'HypergraphConv': 'aggregates over hyperedges, not edges',
+    'PANConv': 'needs a SparseTensor path-integral adjacency',
+    'WLConv': 'hashes colors in a table over all nodes',
+    'SuperGATConv': 'samples negative edges over all nodes in training',
+    'MeshCNNConv': 'convolves mesh edges, not graph nodes',
+    'GPSConv': 'global attention over all nodes',
+    'EGConv': _SOURCE_NORM, 'PDNConv': _SOURCE_NORM, 'DNAConv': _SOURCE_NORM,
+    'AntiSymmetricConv': 'calls an inner conv on its own edge_index',
+}
 
 
 def convertible() -> tuple:
@@ -153,8 +177,10 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
         return None
     where = f" at '{path}'" if path else ''
     what = ('mixes node rows and has no distributed version' if
-            not isinstance(module, MessagePassing) else
-            'has no distributed version in pyg_sar')
+            not isinstance(module, MessagePassing) and cls not in
+            _CONV_CLASSES else 'has no distributed version in pyg_sar')
+    if cls.__name__ in REFUSAL_REASONS:
+        what += ' (' + REFUSAL_REASONS[cls.__name__] + ')'
     message = (f"to_distributed: {cls.__name__}{where} {what}; supported "
                f"layers: pyg_sar.nn.convert.convertible()")
     if strict:
