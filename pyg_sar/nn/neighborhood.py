@@ -124,21 +124,48 @@ def _extend_kwargs(module, graph: DistGraph, kwargs: Dict[str, Any],
     return out, mapped
 
 
-def has_collective_norm(module) -> bool:
-    """Whether ``module`` holds a whole-graph norm of :mod:`pyg_sar.nn.norm`
-    (a collective in forward and backward)."""
-    return any(type(m).__module__.startswith('pyg_sar.nn.norm')
-               for m in module.modules())
+class _NormCalled(Exception):
+    pass
+
+
+def norm_in_propagate(module, run_chunk) -> bool:
+    """Whether a whole-graph norm of :mod:`pyg_sar.nn.norm` runs inside the
+    layer's ``propagate`` (e.g. in EdgeConv's MLP, which normalizes per-edge
+    messages over all edges): found once per module by running one chunk
+    with the norms' entry trapped (no gradient, random state restored)."""
+    known = module.__dict__.get('_sar_norm_in_propagate')
+    if known is not None:
+        return known
+    norms = [m for m in module.modules()
+             if type(m).__module__.startswith('pyg_sar.nn.norm')]
+    found = False
+    if norms:
+        def trap(*_):
+            raise _NormCalled
+
+        handles = [m.register_forward_pre_hook(trap) for m in norms]
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                run_chunk()
+        except _NormCalled:
+            found = True
+        finally:
+            for h in handles:
+                h.remove()
+    module.__dict__['_sar_norm_in_propagate'] = found
+    return found
 
 
 def chunk_limit(module, graph: DistGraph, tensors: List[Tensor]) -> int:
     """Edges per chunk: the graph's ``chunk_size``, else what keeps a few
-    per-edge copies of every input row inside ``edge_memory_budget``."""
+    per-edge copies of every input row inside four times the engine's
+    ``edge_memory_budget`` (at least 8192 edges: each chunk is a full PyG
+    ``propagate``, whose fixed cost should stay small)."""
     if graph.chunk_size is not None:
         return graph.chunk_size
     row = sum(math.prod(t.shape) // max(t.shape[0], 1) * t.element_size()
               for t in tensors if t.dim() > 0) or 1
-    return max(1024, comm.config().edge_memory_budget // (4 * row))
+    return max(8192, comm.config().edge_memory_budget // row)
 
 
 def _destination_ranges(dst: Tensor, limit: int,
@@ -196,13 +223,6 @@ def whole_propagate(module, graph: DistGraph, edge_index: Tensor,
     device = next((t.device for t in node_tensors), edge_index.device)
     edge_index = edge_index.to(device)
     limit = chunk_limit(module, graph, node_tensors)
-    if has_collective_norm(module):
-        # A whole-graph norm inside message/update (e.g. in EdgeConv's MLP)
-        # takes statistics over every edge at once: no chunks, or each
-        # chunk would normalize alone (and ranks with different chunk
-        # counts would disagree on the number of collectives).
-        log_once(module, 'a whole-graph norm inside the layer: no chunks')
-        limit = max(num_edges, 1)
     dim = module.node_dim
     n_local = graph.num_nodes
 
@@ -224,8 +244,8 @@ def whole_propagate(module, graph: DistGraph, edge_index: Tensor,
     order = order.to(device)
     mapping = torch.full((graph.num_ext_nodes, ), -1, dtype=torch.long,
                          device=device)
-    outs = []
-    for e0, e1, d0, d1 in ranges:
+
+    def chunk(e0: int, e1: int, d0: int, d1: int):
         sel = order[e0:e1]
         ei = edge_index.index_select(1, sel)
         src = ei[1 - i]
@@ -234,13 +254,21 @@ def whole_propagate(module, graph: DistGraph, edge_index: Tensor,
         mapping[nodes] = torch.arange(nodes.numel(), device=device)
         ei = mapping[ei]
 
-        def chunk_run(ei=ei, sel=sel, nodes=nodes, rows=d1 - d0):
+        def chunk_run():
             kw = {k: (_rows(v, dim, nodes) if k in mapped else
                       v.index_select(0, sel) if k in edge_names else v)
                   for k, v in ext.items()}
-            return run(ei, kw, rows)
+            return run(ei, kw, d1 - d0)
 
-        outs.append(call(chunk_run))
+        return chunk_run
+
+    if norm_in_propagate(module, chunk(*ranges[0])):
+        # Statistics over every edge at once: one chunk, or each chunk
+        # would normalize alone (and ranks with different chunk counts
+        # would disagree on the number of collectives).
+        log_once(module, 'a whole-graph norm inside propagate: no chunks')
+        return call(run, edge_index, ext, n_local)
+    outs = [call(chunk(*r)) for r in ranges]
     if method == 'propagate':
         return _cat(outs, dim)
     out = _cat(outs, 0)
