@@ -230,6 +230,10 @@ ZOO = {
         mlp(C, 3), mlp(3 + C, C), mlp(C, C)), 'pos'),
     'WLConvContinuous': (lambda: pyg_nn.WLConvContinuous(), 'w'),
     'DirGNNConv': (lambda: pyg_nn.DirGNNConv(pyg_nn.SAGEConv(C, 5)), 'x'),
+    'DirGNNConv_gcn_twin': (lambda: pyg_nn.DirGNNConv(
+        pyg_nn.GCNConv(C, 5), alpha=0.3), 'x'),
+    'DirGNNConv_gat_twin': (lambda: pyg_nn.DirGNNConv(
+        pyg_nn.GATConv(C, 3, heads=2), root_weight=False), 'x'),
     'DirGNNConv_gen': (lambda: pyg_nn.DirGNNConv(
         pyg_nn.GENConv(C, 5, aggr='softmax')), 'x'),
 }

@@ -46,7 +46,7 @@ _LOGGED = set()
 def log_once(module, reason: str) -> None:
     """One line per layer class and reason: which path runs, and its cost."""
     key = (type(module).__name__, reason)
-    if key not in _LOGGED:
+    if key not in _LOGGED and comm.get_rank() == 0:
         _LOGGED.add(key)
         log.warning(
             "pyg_sar: %s runs whole neighborhoods (%s): exact, holds the "
