@@ -79,6 +79,9 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--overwrite', action='store_true',
                         help='replace an existing partition in --out')
+    parser.add_argument('--allow-non-finite', action='store_true',
+                        help='partition node/edge features that hold NaN '
+                        'or inf (refused by default)')
     group = parser.add_argument_group('synthetic dataset')
     for name, value in SYNTHETIC_DEFAULTS.items():
         group.add_argument(f"--{name.replace('_', '-')}", type=type(value),
@@ -111,7 +114,8 @@ def _run_partition(args: argparse.Namespace) -> int:
     manifest = partition_graph(data, args.num_parts, args.out,
                                method=args.method,
                                balance_train=not args.no_balance_train,
-                               seed=args.seed, overwrite=args.overwrite)
+                               seed=args.seed, overwrite=args.overwrite,
+                               allow_non_finite=args.allow_non_finite)
     cut = manifest['edge_cut']
     balance = manifest['balance']
     print(f"Wrote {manifest['num_parts']} parts to {args.out} "

@@ -11,7 +11,9 @@ local no-op, so the same model code runs on one machine.
 from __future__ import annotations
 
 import os
+import re
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -26,12 +28,51 @@ __all__ = [
     'reset_comm_stats', 'all_reduce', 'all_gather_object', 'broadcast_',
     'all_to_all_v', 'post_exchange', 'PendingExchange', 'sync_params',
     'all_reduce_grads', 'global_count', 'barrier', 'find_free_port',
-    'ddp_sum_hook', 'global_sum',
+    'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
+    'replicated_specs',
 ]
 
 
 class PeerError(RuntimeError):
-    """A peer died, hung past the timeout, or disagreed about the plan."""
+    """A peer died, hung past the timeout, or disagreed about the plan.
+
+    Besides the message, the fields say what failed (``None`` where
+    unknown):
+
+    Attributes:
+        rank: This worker's rank.
+        operation: ``'send'``, ``'receive'`` or the collective
+            (``'all_reduce(sum)'``, ``'barrier'``, ...).
+        peer: The peer's rank: the other side of a send or receive; for a
+            collective, the other rank of a world of two, or a rank the
+            transport's error names.
+        address: The peer's ``host:port`` where the transport's error names
+            it (gloo does for closed and reset connections).
+        elapsed: Seconds the failed wait really lasted (a peer that died
+            fails a wait at once, long before the timeout).
+        timeout: The configured timeout in seconds.
+        timed_out: Whether the wait ran into the timeout (rather than
+            failing early, e.g. on a closed connection).
+    """
+
+    _FIELDS = ('rank', 'operation', 'peer', 'address', 'elapsed', 'timeout',
+               'timed_out')
+
+    def __init__(self, message: str, **fields) -> None:
+        super().__init__(message)
+        unknown = set(fields) - set(self._FIELDS)
+        if unknown:
+            raise TypeError(f"PeerError got unknown fields {sorted(unknown)}")
+        for name in self._FIELDS:
+            setattr(self, name, fields.get(name))
+
+    def __reduce__(self):  # keep the fields through pickling
+        return (_rebuild_peer_error,
+                (str(self), {n: getattr(self, n) for n in self._FIELDS}))
+
+
+def _rebuild_peer_error(message: str, fields: Dict) -> PeerError:
+    return PeerError(message, **fields)
 
 
 @dataclass
@@ -158,8 +199,31 @@ def init_distributed(
     if backend == 'nccl':
         torch.cuda.set_device(int(env.get('LOCAL_RANK', rank)))
     dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timeout)
+                            timeout=timeout, store=_restart_store(timeout))
     return rank, world_size
+
+
+def _restart_store(timeout: timedelta):
+    """The rendezvous store of a worker group that torchrun restarted.
+
+    torchrun's agent hosts one store for all attempts and hands it to every
+    restarted group without a per-attempt prefix, so a restarted worker
+    would read the addresses the dead group published (gloo: "connectFullMesh
+    failed ... Connection refused"). Each restart gets its own namespace,
+    named by ``TORCHELASTIC_RESTART_COUNT``; that count is consistent only
+    among the workers of one agent, so this applies to single-node launches
+    (``GROUP_WORLD_SIZE`` 1). None (the default ``env://`` rendezvous)
+    otherwise.
+    """
+    env = os.environ
+    restart = env.get('TORCHELASTIC_RESTART_COUNT', '0')
+    if env.get('TORCHELASTIC_USE_AGENT_STORE') != 'True' or \
+            env.get('GROUP_WORLD_SIZE', '1') != '1' or restart == '0':
+        return None
+    store = dist.TCPStore(env['MASTER_ADDR'], int(env['MASTER_PORT']),
+                          int(env['WORLD_SIZE']), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f'pyg_sar/restart-{restart}', store)
 
 
 def _active() -> bool:
@@ -188,22 +252,80 @@ def _comm_device(tensor: Tensor) -> Tensor:
 
 def _wait(work, what: str, peer: Optional[int] = None) -> None:
     timeout = _CONFIG.timeout
+    start = time.perf_counter()
     try:
         ok = work.wait(timeout)
     except Exception as e:  # gloo raises on closed sockets and timeouts
-        raise _peer_error(what, peer, e) from e
+        raise _peer_error(what, peer, e,
+                          time.perf_counter() - start) from e
     if ok is False:
-        raise _peer_error(what, peer, None)
+        raise _peer_error(what, peer, None, time.perf_counter() - start)
+
+
+# What transports say in their errors. gloo: "[.../pair.cc:537] Read error
+# [127.0.0.1]:56218: Connection reset by peer. This is typically caused
+# by ...", "Connection closed by peer [127.0.0.1]:14503. ...", "[...] Timed
+# out waiting 4000ms for recv operation to complete", "Operation timed out!".
+_SOURCE_PREFIX = re.compile(r'^\[[^\]]*\.(?:cc|cpp|cu|h|hpp):\d+\]\s*')
+_ADDRESS = re.compile(r'\[([0-9A-Za-z_.:%-]+)\]:(\d+)')
+_NAMED_RANKS = re.compile(r'\branks?\s*[=:]?\s*(\d+(?:\s*,\s*\d+)*)',
+                          re.IGNORECASE)
+_TIMED_OUT = re.compile(r'timed?\s*out', re.IGNORECASE)
+_POINT_TO_POINT = {'send': 'to', 'receive': 'from'}
+
+
+def _transport_summary(cause: BaseException) -> str:
+    """The first sentence of a transport error, without gloo's source
+    location and boilerplate advice (the full text stays chained)."""
+    lines = str(cause).strip().splitlines()
+    text = _SOURCE_PREFIX.sub('', lines[0]) if lines else ''
+    text = text.split('. This is typically caused by')[0].strip()
+    return text or type(cause).__name__
 
 
 def _peer_error(what: str, peer: Optional[int],
-                cause: Optional[BaseException]) -> PeerError:
-    who = f"rank {peer}" if peer is not None else "a peer rank"
-    detail = f": {cause}" if cause is not None else ''
+                cause: Optional[BaseException],
+                elapsed: float) -> PeerError:
+    """Builds the :class:`PeerError` of a failed wait of ``elapsed`` seconds
+    on ``what`` (a send/receive with ``peer``, or a collective)."""
+    rank, world_size = get_rank(), get_world_size()
+    timeout = _CONFIG.timeout.total_seconds()
+    text = str(cause) if cause is not None else ''
+    address = None
+    match = _ADDRESS.search(text)
+    if match:
+        address = f'{match.group(1)}:{match.group(2)}'
+    named = sorted({int(r) for m in _NAMED_RANKS.finditer(text)
+                    for r in re.split(r'\s*,\s*', m.group(1))} - {rank})
+    point_to_point = what in _POINT_TO_POINT
+    if point_to_point:
+        target = f'{what} {_POINT_TO_POINT[what]} rank {peer}'
+    elif world_size == 2:
+        peer = 1 - rank
+        target = f'{what} with rank {peer} (the only other rank)'
+    else:
+        if len(named) == 1:
+            peer = named[0]
+        target = f'{what} across {world_size} ranks'
+    timed_out = cause is None or bool(_TIMED_OUT.search(text)) or \
+        elapsed >= 0.95 * timeout
+    if peer is not None:
+        subject, clue = f'rank {peer}', ''
+    elif named:  # several ranks named by the transport
+        subject = 'one of ranks ' + ', '.join(map(str, named))
+        clue = ' (named by the transport)'
+    else:
+        subject = 'a peer rank'
+        clue = f' (the one at {address})' if address is not None else ''
+    outcome = 'timed out' if timed_out else 'failed'
+    verdict = 'has probably hung or died' if timed_out else \
+        'has probably died'
+    detail = f': {_transport_summary(cause)}' if cause is not None else ''
     return PeerError(
-        f"rank {get_rank()}: {what} with {who} failed or timed out after "
-        f"{_CONFIG.timeout.total_seconds():.0f}s; {who} has probably died "
-        f"or hung{detail}")
+        f"rank {rank}: {target} {outcome} after {elapsed:.2f}s (timeout "
+        f"{timeout:g}s); {subject}{clue} {verdict}{detail}",
+        rank=rank, operation=what, peer=peer, address=address,
+        elapsed=elapsed, timeout=timeout, timed_out=timed_out)
 
 
 # Collectives ################################################################
@@ -245,7 +367,8 @@ def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
         _STATS['bytes_sent'] += nbytes
     else:
         _STATS['bytes_received'] += nbytes
-    _wait(dist.broadcast(buf, src=src, async_op=True), 'broadcast', src)
+    _wait(dist.broadcast(buf, src=src, async_op=True),
+          f'broadcast(from rank {src})')
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
@@ -286,10 +409,12 @@ def all_gather_object(obj) -> List:
         return [obj]
     _STATS['collectives'] += 1
     out: List = [None] * get_world_size()
+    start = time.perf_counter()
     try:
         dist.all_gather_object(out, obj)
     except Exception as e:
-        raise _peer_error('all_gather_object', None, e) from e
+        raise _peer_error('all_gather_object', None, e,
+                          time.perf_counter() - start) from e
     return out
 
 
@@ -363,10 +488,11 @@ def _post(op, tensor: Tensor, peer: int, tag: int):
     """Posts one isend/irecv; a peer whose connection is gone already
     fails here rather than in the wait."""
     what = 'send' if op is dist.isend else 'receive'
+    start = time.perf_counter()
     try:
         return op(tensor, peer, tag=tag)
     except Exception as e:
-        raise _peer_error(what, peer, e) from e
+        raise _peer_error(what, peer, e, time.perf_counter() - start) from e
 
 
 def post_exchange(
@@ -497,3 +623,74 @@ def global_count(mask_or_count) -> int:
         local = int(mask_or_count)
     total = torch.tensor([local], dtype=torch.long)
     return int(all_reduce(total, 'sum')[0])
+
+
+# Checkpoint storage ##########################################################
+# torch.distributed.checkpoint (DCP) for tensors that are the same on every
+# rank (model and optimizer state of replicated modules): DCP's default save
+# planner deduplicates equal keys across ranks, so each tensor is written
+# once, by the least-loaded rank. Its coordination runs on the default
+# process group, whose waits are bounded by init_distributed's timeout.
+
+def _dcp_no_dist() -> bool:
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def _dcp_error(what: str, path: str, e: BaseException) -> OSError:
+    first = str(e).strip().splitlines()
+    return OSError(f"rank {get_rank()}: {what} '{path}' failed: "
+                   f"{type(e).__name__}: {first[0] if first else ''}")
+
+
+def save_replicated(tensors: Dict[str, Tensor], path: str) -> None:
+    """Writes ``{name: tensor}`` into the directory ``path`` (collective).
+
+    Every rank passes the same names with equal tensors (replicas); each
+    tensor is stored once across all ranks. Only tensors: DCP pickles other
+    values and reads them back with ``weights_only=False``.
+    """
+    import warnings
+
+    from torch.distributed import checkpoint as dcp
+    bad = [k for k, v in tensors.items() if not isinstance(v, Tensor)]
+    if bad:
+        raise TypeError(f"save_replicated takes tensors only (got "
+                        f"{type(tensors[bad[0]]).__name__} for {bad[0]!r})")
+    _STATS['collectives'] += 1
+    try:
+        with warnings.catch_warnings():  # "assuming ... a single process"
+            warnings.simplefilter('ignore', UserWarning)
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(
+                path, sync_files=True), no_dist=_dcp_no_dist())
+    except Exception as e:
+        raise _dcp_error('writing checkpoint tensors to', path, e) from e
+
+
+def replicated_specs(path: str) -> Dict[str, Tuple[torch.Size, torch.dtype]]:
+    """Names, shapes and dtypes of the tensors :func:`save_replicated`
+    wrote into ``path`` (local read of its metadata file)."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:
+        raise _dcp_error('reading checkpoint metadata of', path, e) from e
+    return {name: (m.size, m.properties.dtype)
+            for name, m in metadata.state_dict_metadata.items()
+            if isinstance(m, TensorStorageMetadata)}
+
+
+def load_replicated(tensors: Dict[str, Tensor], path: str) -> None:
+    """Fills ``{name: tensor}`` in place from ``path`` (collective; every
+    rank reads every tensor)."""
+    import warnings
+
+    from torch.distributed import checkpoint as dcp
+    _STATS['collectives'] += 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', UserWarning)
+            dcp.load(tensors, storage_reader=dcp.FileSystemReader(path),
+                     no_dist=_dcp_no_dist())
+    except Exception as e:
+        raise _dcp_error('reading checkpoint tensors from', path, e) from e

@@ -28,6 +28,8 @@ from tqdm.auto import tqdm
 
 from torch_geometric.data import Data
 
+from pyg_sar.finite import check_finite
+
 MANIFEST_FILE = 'pyg_sar.json'
 META_FILE = 'META.json'
 PERM_FILE = 'perm.pt'
@@ -290,6 +292,7 @@ def partition_graph(
     seed: int = 0,
     overwrite: bool = False,
     progress: Optional[bool] = None,
+    allow_non_finite: bool = False,
 ) -> Dict[str, Any]:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
     :obj:`out_dir` in PyG's distributed on-disk format.
@@ -322,6 +325,12 @@ def partition_graph(
             complete. (default: :obj:`False`)
         progress (bool, optional): Show a progress bar. (default: when
             standard error is a terminal)
+        allow_non_finite (bool, optional): Partition floating node and edge
+            attributes that hold NaN or inf. By default they raise a
+            :class:`ValueError` naming the attribute, the number of affected
+            rows and the first one. The check sums each floating attribute
+            once (about 2 ms for a 200k x 128 float32 :obj:`x`).
+            (default: :obj:`False`)
 
     Returns:
         The manifest written to :obj:`out_dir/pyg_sar.json`.
@@ -339,6 +348,11 @@ def partition_graph(
     if not 1 <= num_parts <= num_nodes:
         raise ValueError(f"'num_parts' must lie in [1, num_nodes="
                          f"{num_nodes}] (got {num_parts})")
+    check_time = None
+    if not allow_non_finite:
+        check_start = time.perf_counter()
+        check_finite(node_attrs, edge_attrs)
+        check_time = time.perf_counter() - check_start
     _check_out_dir(out_dir, overwrite)
 
     train_mask = node_attrs.get('train_mask')
@@ -364,6 +378,8 @@ def partition_graph(
                 tmp_dir, num_nodes, edge_index, node_attrs, edge_attrs,
                 graph_attrs, num_parts, method, balance_train, seed,
                 train_mask, bar)
+        if check_time is not None:
+            manifest['time_s']['check_finite'] = round(check_time, 4)
         manifest['time_s']['total'] = round(time.perf_counter() - start_time,
                                             3)
         _write_json(manifest, osp.join(tmp_dir, MANIFEST_FILE))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os.path as osp
+import random
 import time
 from datetime import timedelta
 from typing import Dict, List, Optional
@@ -134,12 +136,34 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
           lr: float = 0.01, dropout: float = 0.5, mode: str = 'sar',
           chunk_size: Optional[int] = None, pipeline_depth: int = 1,
           seed: int = 0, timeout_s: float = 300.0,
-          progress: bool = True, eval_every: int = 1) -> List[Dict]:
+          progress: bool = True, eval_every: int = 1,
+          checkpoint_dir: Optional[str] = None, checkpoint_every: int = 1,
+          save_model: Optional[str] = None) -> List[Dict]:
     """Trains ``model`` full-batch on the partition set ``parts``; one call
     per worker (collective). Returns the per-epoch history (same on every
-    rank). Rank 0 prints each epoch's loss and accuracies."""
+    rank). Rank 0 prints each epoch's loss and accuracies.
+
+    With ``checkpoint_dir`` it resumes from the newest complete checkpoint
+    there (model, optimizer, RNG states and history; see
+    :mod:`pyg_sar.checkpoint`) and writes one every ``checkpoint_every``
+    epochs and after the last epoch, so that an interrupted run, restarted
+    with the same options, ends bitwise equal to an uninterrupted one.
+    ``save_model`` receives the trained weights (rank 0, atomically) as the
+    ``state_dict`` of the stock :class:`GNN`."""
+    import numpy as np
+
     import pyg_sar
+    from pyg_sar import checkpoint
     from pyg_sar.nn import to_distributed
+    if isinstance(checkpoint_every, bool) or \
+            not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1 (got "
+                         f"{checkpoint_every!r})")
+    if save_model is not None and \
+            not osp.isdir(osp.dirname(osp.abspath(save_model))):
+        raise ValueError(f"save_model {save_model!r}: directory "
+                         f"{osp.dirname(osp.abspath(save_model))!r} does "
+                         f"not exist")
     limit_heap_retention()
     rank, world_size = pyg_sar.init_distributed(
         timeout=timedelta(seconds=timeout_s))
@@ -154,6 +178,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         raise ValueError(f"partition {parts!r} has no train_mask")
     num_classes = int(comm.all_reduce(
         torch.tensor([int(y.max()) + 1 if y.numel() else 0]), 'max')[0])
+    random.seed(seed)
+    np.random.seed(seed)
     torch.manual_seed(seed)
     net = to_distributed(GNN(model, x.shape[1], hidden, num_classes, layers,
                              heads, dropout))
@@ -162,15 +188,35 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     num_train = comm.global_count(masks['train'])
 
     history: List[Dict] = []
+    start_epoch = 0
+    # What the saved state depends on; a resume with other values is refused.
+    config = {'model': model, 'layers': layers, 'hidden': hidden,
+              'heads': heads, 'lr': lr, 'dropout': dropout, 'seed': seed}
+    if checkpoint_dir is not None:
+        resumed = checkpoint.resume(checkpoint_dir, net, optimizer,
+                                    fingerprint=part.fingerprint,
+                                    expect={'config': config})
+        if resumed is not None:
+            start_epoch = resumed['epoch']
+            if start_epoch > epochs:
+                raise ValueError(f"checkpoint '{resumed['path']}' is at "
+                                 f"epoch {start_epoch}, beyond epochs="
+                                 f"{epochs}; train for at least "
+                                 f"{start_epoch} epochs or use a fresh "
+                                 f"checkpoint directory")
+            history = list(resumed['extra'].get('history', []))
+            if rank == 0:
+                print(f"resuming from epoch {start_epoch} "
+                      f"({resumed['path']})", flush=True)
     show = progress and rank == 0
     bar = None
     if show:
         from tqdm import tqdm
-        bar = tqdm(total=epochs, desc=f'{model} x{world_size} {mode}',
-                   unit='epoch')
+        bar = tqdm(total=epochs, initial=min(start_epoch, epochs),
+                   desc=f'{model} x{world_size} {mode}', unit='epoch')
         tqdm.write(f'{graph}; {num_train:,} training nodes on '
                    f'{world_size} workers')
-    for epoch in range(1, epochs + 1):
+    for epoch in range(start_epoch + 1, epochs + 1):
         start = time.perf_counter()
         net.train()
         optimizer.zero_grad()
@@ -184,6 +230,11 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         if eval_every and (epoch % eval_every == 0 or epoch == epochs):
             record.update(evaluate(net, x, graph, y, masks))
         history.append(record)
+        if checkpoint_dir is not None and (epoch % checkpoint_every == 0 or
+                                           epoch == epochs):
+            checkpoint.save(checkpoint_dir, epoch, net, optimizer,
+                            fingerprint=part.fingerprint,
+                            extra={'config': config, 'history': history})
         if show:
             accs = ' '.join(f"{k.split('_')[0]} {v:.4f}"
                             for k, v in record.items() if k.endswith('_acc'))
@@ -192,6 +243,9 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
             bar.update(1)
     if bar is not None:
         bar.close()
+    if save_model is not None and rank == 0:
+        # The converted model's state_dict keys are the stock GNN's.
+        checkpoint.save_weights(net, save_model)
     return history
 
 
@@ -217,13 +271,32 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--history', default=None,
                         help='write the per-epoch history here (JSON)')
     parser.add_argument('--no-progress', action='store_true')
+    parser.add_argument('--checkpoint-dir', default=None,
+                        help='save checkpoints here and resume from the '
+                        'newest complete one')
+    parser.add_argument('--checkpoint-every', type=int, default=None,
+                        metavar='K', help='epochs between checkpoints '
+                        '(default 1; the last epoch is always saved)')
+    parser.add_argument('--save-model', default=None, metavar='PATH',
+                        help='write the trained weights here (state_dict '
+                        'of the stock PyG model)')
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.checkpoint_every is not None and args.checkpoint_dir is None:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every} needs "
+                         f"--checkpoint-dir")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1 (got "
+                         f"{args.checkpoint_every})")
     history = train(args.parts, args.model, args.layers, args.hidden,
                     args.heads, args.epochs, args.lr, args.dropout, args.mode,
                     args.chunk_size, args.pipeline_depth, args.seed,
-                    args.timeout, not args.no_progress)
+                    args.timeout, not args.no_progress,
+                    checkpoint_dir=args.checkpoint_dir,
+                    checkpoint_every=(1 if args.checkpoint_every is None
+                                      else args.checkpoint_every),
+                    save_model=args.save_model)
     if args.history and comm.get_rank() == 0:
         with open(args.history, 'w') as f:
             json.dump(history, f, indent=1)

@@ -1,0 +1,200 @@
+"""Refused inputs (non-finite features) and the reports of failed peers."""
+import os
+import os.path as osp
+import pickle
+from datetime import timedelta
+
+import pytest
+import torch
+from torch_geometric.data import Data
+
+import pyg_sar
+from pyg_sar import cli, comm
+from _dist import run_workers
+
+NAN, INF = float('nan'), float('inf')
+
+
+def _graph(num_nodes=40, num_edges=120, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return Data(
+        x=torch.randn(num_nodes, 5, generator=gen),
+        y=torch.randint(0, 3, (num_nodes, ), generator=gen),
+        train_mask=torch.rand(num_nodes, generator=gen) < 0.5,
+        edge_index=torch.randint(0, num_nodes, (2, num_edges),
+                                 generator=gen),
+        edge_attr=torch.randn(num_edges, 2, generator=gen),
+    )
+
+
+# Non-finite features ########################################################
+
+
+@pytest.mark.parametrize('bad', [NAN, INF, -INF])
+def test_non_finite_node_features_are_refused(tmp_path, bad):
+    data = _graph()
+    data.x[7, 3] = bad
+    data.x[29] = bad
+    out_dir = str(tmp_path / 'parts')
+    with pytest.raises(ValueError) as info:
+        pyg_sar.partition_graph(data, 2, out_dir)
+    message = str(info.value)
+    kind = 'NaN' if bad != bad else 'inf'
+    assert '\n' not in message
+    assert message.startswith(f"Node attribute 'x' has {kind} values in 2 "
+                              f"of 40 rows (first: input node 7)"), message
+    assert 'allow_non_finite=True' in message
+    assert '--allow-non-finite' in message
+    assert not osp.exists(out_dir)  # refused before anything is written
+
+
+def test_non_finite_features_are_kept_with_the_opt_out(tmp_path):
+    data = _graph()
+    data.x[7, 3] = NAN
+    data.x[29, 0] = INF
+    data.edge_attr[5, 1] = NAN
+    out_dir = str(tmp_path / 'parts')
+    manifest = pyg_sar.partition_graph(data, 2, out_dir,
+                                       allow_non_finite=True)
+    assert 'check_finite' not in manifest['time_s']  # skipped entirely
+    x = torch.empty_like(data.x)
+    edge_attr = []
+    for rank in range(2):
+        part = pyg_sar.load_partition(out_dir, rank)
+        x[part.orig_ids] = part.x
+        edge_attr.append(part.edge_attr)
+    torch.testing.assert_close(x, data.x, equal_nan=True)
+    assert int(torch.isnan(torch.cat(edge_attr)).sum()) == 1
+
+
+def test_non_finite_edge_attribute_is_refused(tmp_path):
+    data = _graph()
+    data.edge_attr[11, 0] = NAN
+    data.edge_attr[90, 1] = NAN
+    data.edge_weight = torch.rand(data.num_edges)
+    data.edge_weight[3] = INF
+    with pytest.raises(ValueError) as info:
+        pyg_sar.partition_graph(data, 2, str(tmp_path / 'parts'))
+    message = str(info.value)
+    assert '\n' not in message
+    assert message.startswith("Edge attribute 'edge_attr' has NaN values in "
+                              "2 of 120 rows (first: input edge 11); "
+                              "'edge_weight' has non-finite values too"), \
+        message
+    assert 'allow_non_finite=True' in message
+
+
+def test_finite_features_that_overflow_a_sum_are_accepted(tmp_path):
+    # The fast check sums each attribute; an overflowing sum of finite
+    # values must fall back to the exact test, not refuse the graph.
+    data = _graph()
+    data.x = torch.full((40, 5), 3e38)
+    data.pos = torch.full((40, 3), 6e4, dtype=torch.float16)
+    manifest = pyg_sar.partition_graph(data, 2, str(tmp_path / 'parts'))
+    assert manifest['time_s']['check_finite'] >= 0
+    data.pos[39, 2] = INF
+    with pytest.raises(ValueError, match=r"'pos' has inf values in 1 of 40 "
+                       r"rows \(first: input node 39\)"):
+        pyg_sar.partition_graph(data, 2, str(tmp_path / 'again'))
+
+
+def test_cli_refuses_non_finite_features_unless_allowed(tmp_path, capsys,
+                                                         monkeypatch):
+    from pyg_sar import datasets
+    data = _graph()
+    data.x[2, 1] = NAN
+    monkeypatch.setattr(datasets, 'load', lambda *args, **kwargs: data)
+    out_dir = str(tmp_path / 'parts')
+    argv = ['partition', '--dataset', 'Cora', '--num-parts', '2', '--out',
+            out_dir]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Node attribute 'x' has NaN values in 1 of 40 rows (first: " \
+        "input node 2)" in err, err
+    assert cli.main(argv + ['--allow-non-finite']) == 0
+    assert osp.isdir(out_dir)
+
+
+# Failed peers ###############################################################
+
+
+def _peer_exits_at_once(rank, world_size, operation):
+    if rank == world_size - 1:
+        os._exit(3)  # dies right after joining the process group
+    try:
+        if operation == 'receive':
+            comm.post_exchange({}, {world_size - 1: [((4, ), torch.float32)]
+                                    }).wait()
+        else:
+            comm.all_reduce(torch.ones(4))
+    except pyg_sar.PeerError as e:
+        return pickle.loads(pickle.dumps(e))  # the fields survive pickling
+    return None
+
+
+@pytest.mark.parametrize('operation,world_size', [('receive', 2),
+                                                  ('all_reduce', 2),
+                                                  ('all_reduce', 3)])
+def test_peer_that_exits_at_once_is_reported_with_real_elapsed_time(
+        operation, world_size):
+    timeout = 30.0
+    results = run_workers(_peer_exits_at_once, world_size, operation,
+                          timeout_s=timeout, expect_errors=True)
+    dead = world_size - 1
+    for rank in range(world_size - 1):
+        status, error = results[rank]
+        assert status == 'ok', error
+        assert isinstance(error, pyg_sar.PeerError), error
+        message = str(error)
+        assert error.rank == rank and error.timeout == timeout
+        assert not error.timed_out, message
+        assert error.elapsed < timeout / 6, message
+        assert f'failed after {error.elapsed:.2f}s (timeout 30s)' in message
+        assert '\n' not in message and 'GLHF' not in message
+        if operation == 'receive':
+            assert error.operation == 'receive' and error.peer == dead
+            assert message.startswith(f'rank {rank}: receive from rank '
+                                      f'{dead} failed'), message
+        elif world_size == 2:
+            assert error.operation == 'all_reduce(sum)'
+            assert error.peer == dead
+            assert message.startswith(
+                f'rank {rank}: all_reduce(sum) with rank {dead} (the only '
+                f'other rank) failed'), message
+        else:
+            assert message.startswith(
+                f'rank {rank}: all_reduce(sum) across 3 ranks failed'), message
+            if error.address is not None:  # gloo names the broken connection
+                assert f'(the one at {error.address})' in message, message
+
+
+def test_peer_error_message_from_transport_text(monkeypatch):
+    monkeypatch.setattr(comm, 'get_rank', lambda: 2)
+    monkeypatch.setattr(comm, 'get_world_size', lambda: 4)
+    monkeypatch.setattr(comm.config(), 'timeout', timedelta(seconds=60))
+    cause = RuntimeError(
+        '[/src/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection '
+        'closed by peer [10.0.0.7]:4242. This is typically caused by a '
+        'remote worker crashing. Check the logs of the remote worker.')
+    error = comm._peer_error('barrier', None, cause, 0.013)
+    assert str(error) == (
+        'rank 2: barrier across 4 ranks failed after 0.01s (timeout 60s); '
+        'a peer rank (the one at 10.0.0.7:4242) has probably died: '
+        'Connection closed by peer [10.0.0.7]:4242')
+    assert error.address == '10.0.0.7:4242' and error.peer is None
+
+    named = comm._peer_error(
+        'all_reduce(sum)', None,
+        RuntimeError('[Rank 2]: Rank 3 failed to pass monitoredBarrier'),
+        0.5)
+    assert named.peer == 3
+    assert 'rank 3 has probably died' in str(named)
+
+    hung = comm._peer_error('send', 1, RuntimeError(
+        '[/x/unbound_buffer.cc:129] Timed out waiting 60000ms for send '
+        'operation to complete'), 60.004)
+    assert hung.timed_out and hung.peer == 1
+    assert str(hung) == (
+        'rank 2: send to rank 1 timed out after 60.00s (timeout 60s); rank 1 '
+        'has probably hung or died: Timed out waiting 60000ms for send '
+        'operation to complete')
