@@ -237,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         code = COMMANDS[args.command].run(args)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError,
-            ImportError) as e:
+            ImportError, FloatingPointError) as e:
         print(f'pyg-sar {args.command}: error: {e}', file=sys.stderr)
         return 2
     return 0 if code is None else int(code)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os.path as osp
 import random
 import time
@@ -138,7 +139,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
           seed: int = 0, timeout_s: float = 300.0,
           progress: bool = True, eval_every: int = 1,
           checkpoint_dir: Optional[str] = None, checkpoint_every: int = 1,
-          save_model: Optional[str] = None) -> List[Dict]:
+          save_model: Optional[str] = None,
+          allow_non_finite_loss: bool = False) -> List[Dict]:
     """Trains ``model`` full-batch on the partition set ``parts``; one call
     per worker (collective). Returns the per-epoch history (same on every
     rank). Rank 0 prints each epoch's loss and accuracies.
@@ -149,7 +151,9 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     epochs and after the last epoch, so that an interrupted run, restarted
     with the same options, ends bitwise equal to an uninterrupted one.
     ``save_model`` receives the trained weights (rank 0, atomically) as the
-    ``state_dict`` of the stock :class:`GNN`."""
+    ``state_dict`` of the stock :class:`GNN`. A non-finite training loss
+    stops training with a ``FloatingPointError`` naming the epoch (on every
+    rank), unless ``allow_non_finite_loss``."""
     import numpy as np
 
     import pyg_sar
@@ -225,6 +229,11 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         pyg_sar.all_reduce_grads(net)
         optimizer.step()
         train_loss = float(comm.all_reduce(loss.detach().clone(), 'sum'))
+        if not math.isfinite(train_loss) and not allow_non_finite_loss:
+            raise FloatingPointError(
+                f"epoch {epoch}: the training loss is {train_loss}; stopping "
+                f"(check the features and the learning rate, or pass "
+                f"--allow-non-finite-loss to train on)")
         epoch_time = time.perf_counter() - start
         record = {'epoch': epoch, 'loss': train_loss, 'time_s': epoch_time}
         if eval_every and (epoch % eval_every == 0 or epoch == epochs):
@@ -277,6 +286,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--checkpoint-every', type=int, default=None,
                         metavar='K', help='epochs between checkpoints '
                         '(default 1; the last epoch is always saved)')
+    parser.add_argument('--allow-non-finite-loss', action='store_true',
+                        help='keep training when the loss is NaN or inf '
+                        '(default: stop with an error naming the epoch)')
     parser.add_argument('--save-model', default=None, metavar='PATH',
                         help='write the trained weights here (state_dict '
                         'of the stock PyG model)')
@@ -296,7 +308,8 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint_dir=args.checkpoint_dir,
                     checkpoint_every=(1 if args.checkpoint_every is None
                                       else args.checkpoint_every),
-                    save_model=args.save_model)
+                    save_model=args.save_model,
+                    allow_non_finite_loss=args.allow_non_finite_loss)
     if args.history and comm.get_rank() == 0:
         with open(args.history, 'w') as f:
             json.dump(history, f, indent=1)
@@ -305,6 +318,11 @@ def _run(args: argparse.Namespace) -> int:
         print('final: ' + '  '.join(
             f'{k} {v:.4f}' for k, v in final.items()
             if k.endswith(('_acc', 'loss'))))
+        evaluated = [r for r in history if 'val_acc' in r]
+        if evaluated:
+            best = max(evaluated, key=lambda r: r['val_acc'])
+            print(f"best val: epoch {best['epoch']}  val_acc "
+                  f"{best['val_acc']:.4f}  test_acc {best['test_acc']:.4f}")
     return 0
 
 

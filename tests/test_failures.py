@@ -198,3 +198,23 @@ def test_peer_error_message_from_transport_text(monkeypatch):
         'rank 2: send to rank 1 timed out after 60.00s (timeout 60s); rank 1 '
         'has probably hung or died: Timed out waiting 60000ms for send '
         'operation to complete')
+
+
+def test_non_finite_loss_stops_training_with_the_epoch(tmp_path):
+    """NaN features (partitioned with the opt-out) make the loss NaN:
+    ``pyg-sar train`` stops at epoch 1 with a non-zero exit."""
+    import subprocess
+    import sys
+    data = pyg_sar.datasets.synthetic_graph(200, 5, 8, 3, seed=0)
+    data.x[7, 2] = float('nan')
+    parts = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, 1, parts, allow_non_finite=True)
+    command = [sys.executable, '-m', 'pyg_sar.cli', 'train', '--parts', parts,
+               '--epochs', '3', '--hidden', '8', '--layers', '2',
+               '--no-progress']
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert 'epoch 1: the training loss is nan' in run.stderr
+    run = subprocess.run(command + ['--allow-non-finite-loss'],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

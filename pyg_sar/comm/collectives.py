@@ -1,0 +1,155 @@
+"""Collectives: barrier, reductions, broadcast, gathers and the variable-size
+all-to-all, plus the differentiable :func:`global_sum` and
+:func:`global_count`."""
+from __future__ import annotations
+
+import time
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_sar.comm.errors import _peer_error, _wait
+from pyg_sar.comm.p2p import post_exchange
+from pyg_sar.comm.process_group import (_active, _comm_device, get_rank,
+                                        get_world_size)
+from pyg_sar.comm.state import _STATS
+
+
+def barrier() -> None:
+    """Waits for every rank, with the configured timeout."""
+    if not _active():
+        return
+    _STATS['collectives'] += 1
+    _wait(dist.barrier(async_op=True), 'barrier')
+
+
+def all_reduce(tensor: Tensor, op: str = 'sum') -> Tensor:
+    """In-place all-reduce of ``tensor`` (``'sum'``, ``'max'`` or ``'min'``)."""
+    if not _active():
+        return tensor
+    reduce_op = {'sum': dist.ReduceOp.SUM, 'max': dist.ReduceOp.MAX,
+                 'min': dist.ReduceOp.MIN}[op]
+    buf = _comm_device(tensor)
+    _STATS['collectives'] += 1
+    nbytes = buf.numel() * buf.element_size()
+    _STATS['bytes_sent'] += nbytes
+    _STATS['bytes_received'] += nbytes
+    _wait(dist.all_reduce(buf, op=reduce_op, async_op=True),
+          f'all_reduce({op})')
+    if buf is not tensor:
+        tensor.copy_(buf)
+    return tensor
+
+
+def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
+    """In-place broadcast of ``tensor`` from rank ``src``."""
+    if not _active():
+        return tensor
+    buf = _comm_device(tensor)
+    _STATS['collectives'] += 1
+    nbytes = buf.numel() * buf.element_size()
+    if get_rank() == src:
+        _STATS['bytes_sent'] += nbytes
+    else:
+        _STATS['bytes_received'] += nbytes
+    _wait(dist.broadcast(buf, src=src, async_op=True),
+          f'broadcast(from rank {src})')
+    if buf is not tensor:
+        tensor.copy_(buf)
+    return tensor
+
+
+class _GlobalSum(torch.autograd.Function):
+    """``y = sum over ranks of t``; every rank's ``y`` depends on every
+    rank's ``t``, so the gradient of ``t`` is the sum over ranks of the
+    gradients of ``y``."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor) -> Tensor:
+        return all_reduce(t.clone(memory_format=torch.contiguous_format),
+                          'sum')
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return all_reduce(grad.clone(memory_format=torch.contiguous_format),
+                          'sum')
+
+
+def global_sum(t: Tensor) -> Tensor:
+    """Differentiable sum of ``t`` over all ranks (a new tensor; ``t`` is
+    left untouched).
+
+    The backward pass all-reduces the incoming gradient, so it is a
+    collective too: every rank must call :func:`global_sum` the same number
+    of times, in the same order, and every rank's loss must depend on the
+    result whenever one rank's does. Without a process group (or with one
+    worker) it returns a copy of ``t``.
+    """
+    return _GlobalSum.apply(t)
+
+
+def all_gather_object(obj) -> List:
+    """Gathers one picklable object from every rank (small metadata only)."""
+    if not _active():
+        return [obj]
+    _STATS['collectives'] += 1
+    out: List = [None] * get_world_size()
+    start = time.perf_counter()
+    try:
+        dist.all_gather_object(out, obj)
+    except Exception as e:
+        raise _peer_error('all_gather_object', None, e,
+                          time.perf_counter() - start) from e
+    return out
+
+
+def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
+    """Sends ``tensors[q]`` to rank ``q`` and returns what every rank sent here.
+
+    Tensors may have different first dimensions per peer; trailing shape and
+    dtype must agree across all ranks. Sizes are exchanged first, then the
+    rows travel as point-to-point messages (empty ones are skipped).
+    """
+    world_size = get_world_size()
+    if len(tensors) != world_size:
+        raise ValueError(f"all_to_all_v needs one tensor per rank "
+                         f"({world_size}), got {len(tensors)}")
+    rank = get_rank()
+    if not _active():
+        return [tensors[0]]
+    counts = torch.tensor([t.shape[0] for t in tensors], dtype=torch.long)
+    recv_counts = _all_to_all_counts(counts)
+    trailing = tuple(tensors[rank].shape[1:])
+    dtype = tensors[rank].dtype
+    sends = {q: [tensors[q]] for q in range(world_size) if q != rank}
+    recv_shapes = {q: [((int(recv_counts[q]), *trailing), dtype)]
+                   for q in range(world_size) if q != rank}
+    pending = post_exchange(sends, recv_shapes, device=tensors[rank].device)
+    received = pending.wait()
+    return [tensors[q] if q == rank else received[q][0]
+            for q in range(world_size)]
+
+
+def _all_to_all_counts(counts: Tensor) -> Tensor:
+    out = torch.empty_like(counts)
+    send, recv = _comm_device(counts), _comm_device(out)
+    _STATS['collectives'] += 1
+    nbytes = counts.numel() * counts.element_size()
+    _STATS['bytes_sent'] += nbytes
+    _STATS['bytes_received'] += nbytes
+    _wait(dist.all_to_all_single(recv, send, async_op=True), 'all_to_all')
+    return recv.cpu() if recv is not out else out
+
+
+def global_count(mask_or_count) -> int:
+    """The number of ``True`` entries of a mask (or an integer count) summed
+    over all ranks; the denominator of a distributed mean loss."""
+    if isinstance(mask_or_count, Tensor):
+        local = int(mask_or_count.sum()) if mask_or_count.dtype == torch.bool \
+            else int(mask_or_count.numel())
+    else:
+        local = int(mask_or_count)
+    total = torch.tensor([local], dtype=torch.long)
+    return int(all_reduce(total, 'sum')[0])

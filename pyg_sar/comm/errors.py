@@ -1,0 +1,133 @@
+"""Failed waits: :class:`PeerError`, the timed wait every operation goes
+through (:func:`_wait`), and the message naming the dead or hung peer, built
+from the transport's error (:func:`_peer_error`)."""
+from __future__ import annotations
+
+import re
+import time
+from typing import Dict, Optional
+
+from pyg_sar.comm.state import _CONFIG
+
+
+class PeerError(RuntimeError):
+    """A peer died, hung past the timeout, or disagreed about the plan.
+
+    Besides the message, the fields say what failed (``None`` where
+    unknown):
+
+    Attributes:
+        rank: This worker's rank.
+        operation: ``'send'``, ``'receive'`` or the collective
+            (``'all_reduce(sum)'``, ``'barrier'``, ...).
+        peer: The peer's rank: the other side of a send or receive; for a
+            collective, the other rank of a world of two, or a rank the
+            transport's error names.
+        address: The peer's ``host:port`` where the transport's error names
+            it (gloo does for closed and reset connections).
+        elapsed: Seconds the failed wait really lasted (a peer that died
+            fails a wait at once, long before the timeout).
+        timeout: The configured timeout in seconds.
+        timed_out: Whether the wait ran into the timeout (rather than
+            failing early, e.g. on a closed connection).
+    """
+
+    _FIELDS = ('rank', 'operation', 'peer', 'address', 'elapsed', 'timeout',
+               'timed_out')
+
+    def __init__(self, message: str, **fields) -> None:
+        super().__init__(message)
+        unknown = set(fields) - set(self._FIELDS)
+        if unknown:
+            raise TypeError(f"PeerError got unknown fields {sorted(unknown)}")
+        for name in self._FIELDS:
+            setattr(self, name, fields.get(name))
+
+    def __reduce__(self):  # keep the fields through pickling
+        return (_rebuild_peer_error,
+                (str(self), {n: getattr(self, n) for n in self._FIELDS}))
+
+
+def _rebuild_peer_error(message: str, fields: Dict) -> PeerError:
+    return PeerError(message, **fields)
+
+
+def _wait(work, what: str, peer: Optional[int] = None) -> None:
+    timeout = _CONFIG.timeout
+    start = time.perf_counter()
+    try:
+        ok = work.wait(timeout)
+    except Exception as e:  # gloo raises on closed sockets and timeouts
+        raise _peer_error(what, peer, e,
+                          time.perf_counter() - start) from e
+    if ok is False:
+        raise _peer_error(what, peer, None, time.perf_counter() - start)
+
+
+# What transports say in their errors. gloo: "[.../pair.cc:537] Read error
+# [127.0.0.1]:56218: Connection reset by peer. This is typically caused
+# by ...", "Connection closed by peer [127.0.0.1]:14503. ...", "[...] Timed
+# out waiting 4000ms for recv operation to complete", "Operation timed out!".
+_SOURCE_PREFIX = re.compile(r'^\[[^\]]*\.(?:cc|cpp|cu|h|hpp):\d+\]\s*')
+_ADDRESS = re.compile(r'\[([0-9A-Za-z_.:%-]+)\]:(\d+)')
+_NAMED_RANKS = re.compile(r'\branks?\s*[=:]?\s*(\d+(?:\s*,\s*\d+)*)',
+                          re.IGNORECASE)
+_TIMED_OUT = re.compile(r'timed?\s*out', re.IGNORECASE)
+_POINT_TO_POINT = {'send': 'to', 'receive': 'from'}
+
+
+def _transport_summary(cause: BaseException) -> str:
+    """The first sentence of a transport error, without gloo's source
+    location and boilerplate advice (the full text stays chained)."""
+    lines = str(cause).strip().splitlines()
+    text = _SOURCE_PREFIX.sub('', lines[0]) if lines else ''
+    text = text.split('. This is typically caused by')[0].strip()
+    return text or type(cause).__name__
+
+
+def _peer_error(what: str, peer: Optional[int],
+                cause: Optional[BaseException],
+                elapsed: float) -> PeerError:
+    """Builds the :class:`PeerError` of a failed wait of ``elapsed`` seconds
+    on ``what`` (a send/receive with ``peer``, or a collective)."""
+    # Looked up on the package at call time, as when comm was one module, so
+    # that patching pyg_sar.comm.get_rank / get_world_size reaches here too.
+    from pyg_sar import comm
+    rank, world_size = comm.get_rank(), comm.get_world_size()
+    timeout = _CONFIG.timeout.total_seconds()
+    text = str(cause) if cause is not None else ''
+    address = None
+    match = _ADDRESS.search(text)
+    if match:
+        address = f'{match.group(1)}:{match.group(2)}'
+    named = sorted({int(r) for m in _NAMED_RANKS.finditer(text)
+                    for r in re.split(r'\s*,\s*', m.group(1))} - {rank})
+    point_to_point = what in _POINT_TO_POINT
+    if point_to_point:
+        target = f'{what} {_POINT_TO_POINT[what]} rank {peer}'
+    elif world_size == 2:
+        peer = 1 - rank
+        target = f'{what} with rank {peer} (the only other rank)'
+    else:
+        if len(named) == 1:
+            peer = named[0]
+        target = f'{what} across {world_size} ranks'
+    timed_out = cause is None or bool(_TIMED_OUT.search(text)) or \
+        elapsed >= 0.95 * timeout
+    if peer is not None:
+        subject, clue = f'rank {peer}', ''
+    elif named:  # several ranks named by the transport
+        subject = 'one of ranks ' + ', '.join(map(str, named))
+        clue = ' (named by the transport)'
+    else:
+        subject = 'a peer rank'
+        clue = f' (the one at {address})' if address is not None else ''
+    outcome = 'timed out' if timed_out else 'failed'
+    verdict = 'has probably hung or died' if timed_out else \
+        'has probably died'
+    detail = f': {_transport_summary(cause)}' if cause is not None else ''
+    return PeerError(
+        f"rank {rank}: {target} {outcome} after {elapsed:.2f}s (timeout "
+        f"{timeout:g}s); {subject}{clue} {verdict}{detail}",
+        rank=rank, operation=what, peer=peer, address=address,
+        elapsed=elapsed, timeout=timeout, timed_out=timed_out)

@@ -1,0 +1,67 @@
+"""Model-level helpers: identical initial weights on every rank, and gradients
+summed over ranks (directly or as a ``DistributedDataParallel`` hook)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pyg_sar.comm.collectives import all_reduce, broadcast_
+from pyg_sar.comm.process_group import _active
+from pyg_sar.comm.state import _STATS
+
+
+def sync_params(model: torch.nn.Module, src: int = 0) -> None:
+    """Broadcasts rank ``src``'s parameters and buffers to every rank, so all
+    workers start from identical weights."""
+    if not _active():
+        return
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            broadcast_(tensor.data, src)
+
+
+def all_reduce_grads(model: torch.nn.Module) -> None:
+    """Sums parameter gradients over all ranks (in one flat message).
+
+    Each worker's gradient is the partial sum over its own nodes, so write the
+    loss as ``local_sum / global_count`` (see :func:`global_count`): the sum
+    over ranks then equals the single-process mean-loss gradient exactly.
+    Parameters without a gradient on some rank are treated as zero.
+    """
+    if not _active():
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return
+    flat = torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+        for p in params
+    ])
+    all_reduce(flat, 'sum')
+    offset = 0
+    for p in params:
+        n = p.numel()
+        chunk = flat[offset:offset + n].view_as(p)
+        if p.grad is None:
+            p.grad = chunk.clone()
+        else:
+            p.grad.copy_(chunk)
+        offset += n
+
+
+def ddp_sum_hook(state, bucket):
+    """``DistributedDataParallel`` communication hook that *sums* gradients.
+
+    DDP averages gradients over ranks; pyg_sar's loss convention
+    (``local_sum / global_count``) needs the sum. Register it with
+    ``ddp_model.register_comm_hook(None, pyg_sar.comm.ddp_sum_hook)`` and the
+    DDP-trained model equals single-process training, like
+    :func:`all_reduce_grads` does without DDP.
+    """
+    tensor = bucket.buffer()
+    nbytes = tensor.numel() * tensor.element_size()
+    _STATS['collectives'] += 1
+    _STATS['bytes_sent'] += nbytes
+    _STATS['bytes_received'] += nbytes
+    future = dist.all_reduce(tensor, async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0])

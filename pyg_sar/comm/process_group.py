@@ -1,0 +1,113 @@
+"""Joining the process group (:func:`init_distributed`), and this worker's
+place in it."""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_sar.comm.state import configure
+
+
+def find_free_port() -> int:
+    """A free TCP port on the loopback interface (for local launches)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(
+    backend: Optional[str] = None,
+    timeout: timedelta = timedelta(minutes=5),
+) -> Tuple[int, int]:
+    """Joins the process group described by the ``torchrun`` environment.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and
+    ``LOCAL_RANK``. Without them (a plain ``python script.py``) it runs as a
+    single worker with no process group. ``backend=None`` picks ``nccl`` when
+    CUDA is available and ``gloo`` otherwise. ``timeout`` bounds every
+    collective wait of the package.
+
+    Returns:
+        ``(rank, world_size)``
+    """
+    configure(timeout=timeout)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    env = os.environ
+    if 'WORLD_SIZE' not in env or 'RANK' not in env:
+        return 0, 1
+    try:
+        rank, world_size = int(env['RANK']), int(env['WORLD_SIZE'])
+    except ValueError as e:
+        raise ValueError(f"RANK={env.get('RANK')!r} and WORLD_SIZE="
+                         f"{env.get('WORLD_SIZE')!r} must be integers") from e
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} must lie in [0, WORLD_SIZE="
+                         f"{world_size})")
+    for key in ('MASTER_ADDR', 'MASTER_PORT'):
+        if key not in env:
+            raise ValueError(f"{key} is not set; launch with torchrun or set "
+                             f"it (e.g. MASTER_ADDR=127.0.0.1)")
+    if backend is None:
+        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
+    if backend not in ('gloo', 'nccl', 'mpi'):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi' "
+                         f"(got {backend!r})")
+    if backend == 'nccl':
+        torch.cuda.set_device(int(env.get('LOCAL_RANK', rank)))
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=timeout, store=_restart_store(timeout))
+    return rank, world_size
+
+
+def _restart_store(timeout: timedelta):
+    """The rendezvous store of a worker group that torchrun restarted.
+
+    torchrun's agent hosts one store for all attempts and hands it to every
+    restarted group without a per-attempt prefix, so a restarted worker
+    would read the addresses the dead group published (gloo: "connectFullMesh
+    failed ... Connection refused"). Each restart gets its own namespace,
+    named by ``TORCHELASTIC_RESTART_COUNT``; that count is consistent only
+    among the workers of one agent, so this applies to single-node launches
+    (``GROUP_WORLD_SIZE`` 1). None (the default ``env://`` rendezvous)
+    otherwise.
+    """
+    env = os.environ
+    restart = env.get('TORCHELASTIC_RESTART_COUNT', '0')
+    if env.get('TORCHELASTIC_USE_AGENT_STORE') != 'True' or \
+            env.get('GROUP_WORLD_SIZE', '1') != '1' or restart == '0':
+        return None
+    store = dist.TCPStore(env['MASTER_ADDR'], int(env['MASTER_PORT']),
+                          int(env['WORLD_SIZE']), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f'pyg_sar/restart-{restart}', store)
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and \
+        dist.get_world_size() > 1
+
+
+def get_rank() -> int:
+    """This worker's rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() \
+        else 0
+
+
+def get_world_size() -> int:
+    """The number of workers (1 without a process group)."""
+    return dist.get_world_size() if dist.is_available() and \
+        dist.is_initialized() else 1
+
+
+def _comm_device(tensor: Tensor) -> Tensor:
+    """gloo moves CPU tensors; nccl needs them on the current GPU."""
+    if dist.get_backend() == 'nccl' and not tensor.is_cuda:
+        return tensor.cuda()
+    return tensor

@@ -1,0 +1,86 @@
+"""Communication settings and counters, the mutable state of
+:mod:`pyg_sar.comm`.
+
+``_CONFIG`` and ``_STATS`` exist once, here. The other submodules import these
+objects and change them in place (never rebind them), so they and
+``pyg_sar.comm._CONFIG`` / ``pyg_sar.comm._STATS`` are the same objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Dict, Optional
+
+
+@dataclass
+class CommConfig:
+    """Communication knobs shared by the engine and the loaders.
+
+    Args:
+        timeout: Longest wait for any single send, receive or collective.
+        max_bytes_per_message: Larger tensors are split into several
+            messages of at most this many bytes, which bounds the staging
+            memory of the transport.
+        pipeline_depth: How many ring rounds ahead the SAR engine posts its
+            exchanges while it aggregates the current round (0 disables
+            prefetching; each extra round costs one halo block of memory).
+        edge_memory_budget: Bytes the SAR engine may spend on per-edge
+            temporaries (gathered features, messages) of non-linear layers;
+            blocks are cut into edge chunks that fit, even without a
+            ``chunk_size``. Linear layers run as sparse products and need
+            none.
+    """
+    timeout: timedelta = timedelta(minutes=5)
+    max_bytes_per_message: int = 256 * 1024 * 1024
+    pipeline_depth: int = 1
+    edge_memory_budget: int = 16 * 1024 * 1024
+
+
+_CONFIG = CommConfig()
+_STATS: Dict[str, int] = {}
+
+
+def reset_comm_stats() -> None:
+    """Zeroes the counters reported by :func:`comm_stats`."""
+    _STATS.update(bytes_sent=0, bytes_received=0, messages_sent=0,
+                  messages_received=0, collectives=0)
+
+
+reset_comm_stats()
+
+
+def comm_stats(reset: bool = False) -> Dict[str, int]:
+    """Bytes and messages this rank sent and received, and the number of
+    collective calls (exchanges and reductions), since the last reset.
+
+    Args:
+        reset: Zero the counters after reading them.
+    """
+    stats = dict(_STATS)
+    if reset:
+        reset_comm_stats()
+    return stats
+
+
+def config() -> CommConfig:
+    """The active :class:`CommConfig` (mutable)."""
+    return _CONFIG
+
+
+def configure(timeout: Optional[timedelta] = None,
+              max_bytes_per_message: Optional[int] = None,
+              pipeline_depth: Optional[int] = None,
+              edge_memory_budget: Optional[int] = None) -> CommConfig:
+    """Changes the settings of :class:`CommConfig`; ``None`` keeps one."""
+    if timeout is not None:
+        _CONFIG.timeout = timeout
+    for name, value, minimum in (
+            ('max_bytes_per_message', max_bytes_per_message, 1),
+            ('pipeline_depth', pipeline_depth, 0),
+            ('edge_memory_budget', edge_memory_budget, 1)):
+        if value is None:
+            continue
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum} (got {value})")
+        setattr(_CONFIG, name, int(value))
+    return _CONFIG
