@@ -140,7 +140,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
           progress: bool = True, eval_every: int = 1,
           checkpoint_dir: Optional[str] = None, checkpoint_every: int = 1,
           save_model: Optional[str] = None,
-          allow_non_finite_loss: bool = False) -> List[Dict]:
+          allow_non_finite_loss: bool = False,
+          log_dir: Optional[str] = None) -> List[Dict]:
     """Trains ``model`` full-batch on the partition set ``parts``; one call
     per worker (collective). Returns the per-epoch history (same on every
     rank). Rank 0 prints each epoch's loss and accuracies.
@@ -153,7 +154,9 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     ``save_model`` receives the trained weights (rank 0, atomically) as the
     ``state_dict`` of the stock :class:`GNN`. A non-finite training loss
     stops training with a ``FloatingPointError`` naming the epoch (on every
-    rank), unless ``allow_non_finite_loss``."""
+    rank), unless ``allow_non_finite_loss``. ``log_dir`` receives
+    ``metrics.csv`` (per epoch: loss, accuracies, time, bytes exchanged and
+    peak RSS of every rank) and ``curves.png`` (:mod:`pyg_sar.run_log`)."""
     import numpy as np
 
     import pyg_sar
@@ -212,6 +215,10 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
             if rank == 0:
                 print(f"resuming from epoch {start_epoch} "
                       f"({resumed['path']})", flush=True)
+    run_log = None
+    if log_dir is not None:
+        from pyg_sar.run_log import RunLog
+        run_log = RunLog(log_dir, start_epoch)
     show = progress and rank == 0
     bar = None
     if show:
@@ -239,6 +246,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         if eval_every and (epoch % eval_every == 0 or epoch == epochs):
             record.update(evaluate(net, x, graph, y, masks))
         history.append(record)
+        if run_log is not None:
+            run_log.record(record)
         if checkpoint_dir is not None and (epoch % checkpoint_every == 0 or
                                            epoch == epochs):
             checkpoint.save(checkpoint_dir, epoch, net, optimizer,
@@ -252,6 +261,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
             bar.update(1)
     if bar is not None:
         bar.close()
+    if run_log is not None:
+        run_log.finish()
     if save_model is not None and rank == 0:
         # The converted model's state_dict keys are the stock GNN's.
         checkpoint.save_weights(net, save_model)
@@ -286,6 +297,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--checkpoint-every', type=int, default=None,
                         metavar='K', help='epochs between checkpoints '
                         '(default 1; the last epoch is always saved)')
+    parser.add_argument('--log-dir', default=None, metavar='DIR',
+                        help='write per-epoch metrics.csv (loss, accuracies, '
+                        'time, bytes and peak RSS per rank) and curves.png')
     parser.add_argument('--allow-non-finite-loss', action='store_true',
                         help='keep training when the loss is NaN or inf '
                         '(default: stop with an error naming the epoch)')
@@ -309,7 +323,8 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint_every=(1 if args.checkpoint_every is None
                                       else args.checkpoint_every),
                     save_model=args.save_model,
-                    allow_non_finite_loss=args.allow_non_finite_loss)
+                    allow_non_finite_loss=args.allow_non_finite_loss,
+                    log_dir=args.log_dir)
     if args.history and comm.get_rank() == 0:
         with open(args.history, 'w') as f:
             json.dump(history, f, indent=1)
