@@ -125,3 +125,25 @@ def test_half_precision(graph):
     gat = to_distributed(pyg_nn.GATConv(6, 4)).to(torch.bfloat16)
     with pytest.raises(ValueError, match='half precision'):
         gat(part.x.bfloat16(), pyg_sar.DistGraph(part))
+
+
+def test_attention_score_reading_index_is_refused(graph):
+    """An engine attention layer cannot see whole neighborhoods in its
+    edge_score: PyG's softmax there would normalize per chunk. Refused."""
+    _, part = graph
+
+    class ScoreWithIndex(DistMessagePassing):
+        attention = True
+
+        def forward(self, x, g):
+            return self.propagate(g, x=x.unsqueeze(1)).squeeze(1)
+
+        def edge_score(self, x_j, x_i, index):
+            return (x_j * x_i).sum(-1)
+
+        def message(self, x_j):
+            return x_j
+
+    with pytest.raises(ValueError, match="does not support message reads "
+                       r"\['index'\]"):
+        ScoreWithIndex()(part.x, pyg_sar.DistGraph(part))

@@ -1,6 +1,7 @@
 """``DistMessagePassing``: PyG's ``MessagePassing`` over a ``DistGraph``."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional, Sequence
 
 import torch
@@ -114,16 +115,18 @@ class DistMessagePassing(MessagePassing):
         if any(isinstance(v, Tensor) and v.dtype in _HALF
                for v in _flat(kwargs.values())):
             return 'half precision'
+        message = set(self.inspector.get_param_names('message'))
+        read = message | (set(inspect.signature(self.edge_score).parameters)
+                          if self.attention else set())
+        special = sorted(read & _NEIGHBORHOOD_ARGS)
+        if special:
+            return f'message reads {special}'
         if self.attention:
             return None
         aggr = self.aggr
         if not (isinstance(aggr, str) and aggr in engine.SUPPORTED_AGGRS +
                 ('add', )):
             return f'aggr={aggr!r}'
-        message = set(self.inspector.get_param_names('message'))
-        special = sorted(message & _NEIGHBORHOOD_ARGS)
-        if special:
-            return f'message reads {special}'
         if not any(a.endswith('_j') for a in message):
             return 'message reads no *_j argument'
         if type(self).aggregate is not MessagePassing.aggregate:

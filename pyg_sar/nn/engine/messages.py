@@ -43,13 +43,9 @@ class MessageMixin:
                 key, table, index = (('edge', slot_idx),
                                      self.tensors[slot_idx], chunk.edge_pos)
             else:
-                if name == 'index':
-                    args[name] = chunk.dst
-                elif name in ('dim_size', 'size_i'):
-                    args[name] = self.graph.num_nodes
-                elif name == 'ptr':
-                    args[name] = None
-                elif name in plan.constants:
+                # index/ptr/size_i never reach the engine: such layers run
+                # over whole neighborhoods (DistMessagePassing.propagate).
+                if name in plan.constants:
                     args[name] = plan.constants[name]
                 continue
             if made is not None and key in made:
