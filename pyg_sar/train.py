@@ -338,6 +338,7 @@ def _run(args: argparse.Namespace) -> int:
             best = max(evaluated, key=lambda r: r['val_acc'])
             print(f"best val: epoch {best['epoch']}  val_acc "
                   f"{best['val_acc']:.4f}  test_acc {best['test_acc']:.4f}")
+    comm.shutdown()
     return 0
 
 

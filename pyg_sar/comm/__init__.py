@@ -30,7 +30,7 @@ from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
                                         save_replicated)
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       all_to_all_v, barrier, broadcast_,
-                                      global_count, global_sum)
+                                      global_count, global_sum, shutdown)
 from pyg_sar.comm.errors import PeerError
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
 from pyg_sar.comm.p2p import PendingExchange, post_exchange
@@ -44,7 +44,8 @@ __all__ = [
     'get_world_size', 'configure', 'config', 'comm_stats',
     'reset_comm_stats', 'all_reduce', 'all_gather_object', 'broadcast_',
     'all_to_all_v', 'post_exchange', 'PendingExchange', 'sync_params',
-    'all_reduce_grads', 'global_count', 'barrier', 'find_free_port',
+    'all_reduce_grads', 'global_count', 'barrier', 'shutdown',
+    'find_free_port',
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
     'replicated_specs',
 ]

@@ -25,6 +25,19 @@ def barrier() -> None:
     _wait(dist.barrier(async_op=True), 'barrier')
 
 
+def shutdown() -> None:
+    """Leaves the process group cleanly at the end of a run: a barrier (no
+    rank tears its connections down while a peer still uses them), then
+    ``destroy_process_group`` (no transport thread is left running at
+    interpreter exit, which can abort the process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def all_reduce(tensor: Tensor, op: str = 'sum') -> Tensor:
     """In-place all-reduce of ``tensor`` (``'sum'``, ``'max'`` or ``'min'``)."""
     if not _active():
