@@ -60,3 +60,15 @@ def update_running_stats(running_mean: Tensor, running_var: Tensor,
         running_mean.mul_(1 - momentum).add_(mean.detach(), alpha=momentum)
         running_var.mul_(1 - momentum).add_(unbiased.detach(),
                                             alpha=momentum)
+
+
+def normalize(x: Tensor, mean: Tensor, var: Tensor, eps: float,
+              weight, bias) -> Tensor:
+    r""":math:`(x - \mu) / \sqrt{\sigma^2 + \epsilon} \cdot \gamma +
+    \beta`, the affine parts skipped where they are :obj:`None`."""
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out

@@ -3,7 +3,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from pyg_sar.nn.norm._stats import global_moments, update_running_stats
+from pyg_sar.nn.norm._stats import (global_moments, normalize,
+                                    update_running_stats)
 
 
 def global_batch_norm(x: Tensor, bn: _BatchNorm,
@@ -50,12 +51,7 @@ def global_batch_norm(x: Tensor, bn: _BatchNorm,
         update_running_stats(bn.running_mean, bn.running_var, mean, var,
                              count, momentum)
 
-    out = (x - mean) * torch.rsqrt(var + bn.eps)
-    if bn.weight is not None:
-        out = out * bn.weight
-    if bn.bias is not None:
-        out = out + bn.bias
-    return out
+    return normalize(x, mean, var, bn.eps, bn.weight, bn.bias)
 
 
 def _normalize_with_running_stats(x: Tensor, bn: _BatchNorm) -> Tensor:

@@ -6,6 +6,7 @@ from torch import Tensor
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from pyg_sar.nn.norm._stats import (DIST_BATCH_ERROR, global_moments,
+                                    normalize,
                                     update_running_stats)
 
 
@@ -83,12 +84,7 @@ class InstanceNorm(_InstanceNorm):
             update_running_stats(self.running_mean, self.running_var, mean,
                                  var, count, self.momentum)
 
-        out = (x - mean) * torch.rsqrt(var + self.eps)
-        if self.weight is not None:
-            out = out * self.weight
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return normalize(x, mean, var, self.eps, self.weight, self.bias)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.num_features})'
