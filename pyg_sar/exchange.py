@@ -20,9 +20,6 @@ from torch.autograd.function import once_differentiable
 
 from pyg_sar import comm
 
-# Channels of the two directions; they never share one with the SAR engine.
-_FORWARD_TAG, _BACKWARD_TAG = 21, 22
-
 
 @dataclass
 class RowPlan:
@@ -50,11 +47,11 @@ class RowPlan:
 
 
 def _exchange(sends: Dict[int, Tensor], counts: Dict[int, int],
-              like: Tensor, tag: int) -> Dict[int, Tensor]:
+              like: Tensor) -> Dict[int, Tensor]:
     shapes = {q: [((n, *like.shape[1:]), like.dtype)]
               for q, n in counts.items()}
     received = comm.post_exchange({q: [t] for q, t in sends.items()}, shapes,
-                                  like.device, tag).wait()
+                                  like.device).wait()
     return {q: rows[0] for q, rows in received.items()}
 
 
@@ -68,7 +65,7 @@ def _fetch(plan: RowPlan, table: Tensor) -> Tensor:
     sends = {q: table.index_select(0, _on(idx, dev))
              for q, idx in plan.send_idx.items()}
     counts = {q: int(pos.numel()) for q, pos in plan.recv_pos.items()}
-    received = _exchange(sends, counts, table, _FORWARD_TAG)
+    received = _exchange(sends, counts, table)
     out = table.new_zeros((plan.num_out, *table.shape[1:]))
     out.index_copy_(0, _on(plan.local_dst, dev),
                     table.index_select(0, _on(plan.local_src, dev)))
@@ -84,7 +81,7 @@ def _push(plan: RowPlan, rows: Tensor, num_rows: int) -> Tensor:
     sends = {q: rows.index_select(0, _on(pos, dev))
              for q, pos in plan.recv_pos.items()}
     counts = {q: int(idx.numel()) for q, idx in plan.send_idx.items()}
-    received = _exchange(sends, counts, rows, _BACKWARD_TAG)
+    received = _exchange(sends, counts, rows)
     out = rows.new_zeros((num_rows, *rows.shape[1:]))
     out.index_add_(0, _on(plan.local_src, dev),
                    rows.index_select(0, _on(plan.local_dst, dev)))

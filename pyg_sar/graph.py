@@ -47,7 +47,7 @@ class EdgeChunk:
         if self._csr is None:
             rows = self.dst - self.row_start
             crow = torch.zeros(self.row_end - self.row_start + 1,
-                               dtype=torch.long)
+                               dtype=torch.long, device=self.dst.device)
             crow[1:] = torch.bincount(
                 rows, minlength=self.row_end - self.row_start).cumsum(0)
             self._csr = (crow, self.src)
@@ -58,7 +58,8 @@ class EdgeChunk:
         columns destination rows; ``perm`` orders edge values accordingly."""
         if self._csr_t is None:
             perm = torch.argsort(self.src, stable=True)
-            crow = torch.zeros(num_src + 1, dtype=torch.long)
+            crow = torch.zeros(num_src + 1, dtype=torch.long,
+                               device=self.src.device)
             crow[1:] = torch.bincount(self.src, minlength=num_src).cumsum(0)
             self._csr_t = (crow, self.dst[perm] - self.row_start, perm)
         return self._csr_t
@@ -142,6 +143,8 @@ class DistGraph:
             most this many edges that are aggregated in turn; bounds the
             per-edge memory (with one worker, this is the single-machine
             mode for graphs whose per-edge tensors do not fit).
+        device: Where the graph's index tensors live; the features it
+            aggregates must live there too (see :meth:`to`). Default: CPU.
 
     Attributes:
         num_nodes: Number of local nodes. ``num_edges``: local in-edges.
@@ -155,7 +158,8 @@ class DistGraph:
     """
 
     def __init__(self, part, mode: str = 'sar',
-                 chunk_size: Optional[int] = None) -> None:
+                 chunk_size: Optional[int] = None,
+                 device: Optional[torch.device] = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES} (got {mode!r})")
         if chunk_size is not None and (not isinstance(chunk_size, int)
@@ -167,13 +171,17 @@ class DistGraph:
         self.rank = int(part.rank)
         self.world_size = int(part.num_parts)
         self._check_world(part)
+        comm.ensure_channels()
 
         self._setup(part.node_ptr, int(part.num_local_nodes),
                     int(part.num_nodes), part.csc_ptr, part.csc_src,
                     part.csc_eid)
+        if device is not None:
+            self.to(device)
 
     def _setup(self, node_ptr: Tensor, num_nodes: int, num_global_nodes: int,
                csc_ptr: Tensor, csc_src: Tensor, edge_ids: Tensor) -> None:
+        self.device = csc_ptr.device
         self.node_ptr = node_ptr.to(torch.long)
         self.node_offset = int(self.node_ptr[self.rank])
         self.num_nodes = num_nodes
@@ -181,7 +189,8 @@ class DistGraph:
         csc_ptr = csc_ptr.to(torch.long)
         self.num_edges = int(csc_ptr[-1])
         self.in_degree = (csc_ptr[1:] - csc_ptr[:-1])
-        dst = torch.repeat_interleave(torch.arange(self.num_nodes),
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes,
+                                                   device=self.device),
                                       self.in_degree)
         src_global = csc_src.to(torch.long)
         self.edge_ids = edge_ids
@@ -192,6 +201,36 @@ class DistGraph:
         self._source_cache: Dict[str, List[Tensor]] = {}
         # Per-graph constants that layers derive once (e.g. GCN's norm).
         self.derived: Dict = {}
+
+    def to(self, device) -> 'DistGraph':
+        """Moves every index tensor of the graph to ``device``, in place,
+        and returns the graph (as ``Module.to`` and PyG's ``Data.to`` do).
+        Cached per-graph values (normalizations, self-loop views, halo plans,
+        chunk CSRs) are dropped and rebuilt on the new device when next
+        used; the transposed graph of ``flow='target_to_source'`` moves
+        along. Local: no communication."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+
+        def move(t: Tensor) -> Tensor:
+            return t.to(device)
+
+        self.device = device
+        self.node_ptr, self.in_degree = move(self.node_ptr), \
+            move(self.in_degree)
+        self.edge_ids, self._dst = move(self.edge_ids), move(self._dst)
+        self._src_global = move(self._src_global)
+        self.recv_ids = {q: move(t) for q, t in self.recv_ids.items()}
+        self.send_ids = {q: move(t) for q, t in self.send_ids.items()}
+        self._block_edges = {q: tuple(move(t) for t in edges)
+                             for q, edges in self._block_edges.items()}
+        reverse = self.derived.get('reverse')
+        self._views, self._source_cache, self.derived = {}, {}, {}
+        self._make_blocks()
+        if reverse is not None and reverse is not self:
+            self.derived['reverse'] = reverse._moved_with(self, device)
+        return self
 
     # Set-up ##################################################################
 
@@ -238,7 +277,7 @@ class DistGraph:
             need, compact = torch.unique(local_on_q, return_inverse=True)
             self.recv_ids[q] = need
             self._block_edges[q] = (compact, dst[sel], sel)
-        requests = [self.recv_ids.get(q, torch.empty(0, dtype=torch.long))
+        requests = [self.recv_ids.get(q, dst.new_empty(0))
                     for q in range(P)]
         replies = comm.all_to_all_v(requests)
         self.send_ids: Dict[int, Tensor] = {
@@ -324,7 +363,7 @@ class DistGraph:
         return out
 
     def post_row_exchange(self, tensors: List[Tensor], send_to,
-                          recv_from, tag: int = 0) -> comm.PendingExchange:
+                          recv_from) -> comm.PendingExchange:
         """Posts the plan's row exchange for per-node ``tensors``: to each
         peer in ``send_to`` the rows ``send_ids[peer]``, and from each peer in
         ``recv_from`` the rows ``recv_ids[peer]`` of its tensors (same row
@@ -334,7 +373,7 @@ class DistGraph:
         shapes = {q: [((int(self.recv_ids[q].numel()), *t.shape[1:]),
                        t.dtype) for t in tensors]
                   for q in recv_from if q in self.recv_ids}
-        return comm.post_exchange(sends, shapes, tensors[0].device, tag)
+        return comm.post_exchange(sends, shapes, tensors[0].device)
 
     def global_in_degree_of_sources(self) -> List[Tensor]:
         """In-degree of every block's source nodes (fetched once, cached)."""
@@ -361,23 +400,25 @@ class DistGraph:
         view._views, view._source_cache, view.derived = {}, {}, {}
         src_local, dst, pos = self._block_edges[self.rank]
         is_loop = src_local == dst
-        base_pos = torch.arange(self.num_edges)
-        keep_base = torch.ones(self.num_edges, dtype=torch.bool)
+        dev = self.device
+        base_pos = torch.arange(self.num_edges, device=dev)
+        keep_base = torch.ones(self.num_edges, dtype=torch.bool, device=dev)
         keep_base[pos[is_loop]] = False
         kept = base_pos[keep_base]
         # Positions in the view: kept base edges first, then N loops.
-        new_pos_of_base = torch.full((self.num_edges, ), -1, dtype=torch.long)
-        new_pos_of_base[kept] = torch.arange(kept.numel())
+        new_pos_of_base = torch.full((self.num_edges, ), -1, dtype=torch.long,
+                                     device=dev)
+        new_pos_of_base[kept] = torch.arange(kept.numel(), device=dev)
         view.base_edge_pos = torch.cat(
-            [kept, torch.full((self.num_nodes, ), -1, dtype=torch.long)])
-        loop_source = torch.full((self.num_nodes, ), -1, dtype=torch.long)
+            [kept, new_pos_of_base.new_full((self.num_nodes, ), -1)])
+        loop_source = new_pos_of_base.new_full((self.num_nodes, ), -1)
         # For duplicated loops PyG keeps the last one; so does this scatter.
         loop_source[dst[is_loop]] = pos[is_loop]
         view.loop_source_pos = loop_source
         view.num_edges = int(kept.numel()) + self.num_nodes
         view.in_degree = self.in_degree - torch.bincount(
             dst[is_loop], minlength=self.num_nodes) + 1
-        nodes = torch.arange(self.num_nodes)
+        nodes = torch.arange(self.num_nodes, device=dev)
         loop_pos = kept.numel() + nodes
         l_src = torch.cat([src_local[~is_loop], nodes])
         l_dst = torch.cat([dst[~is_loop], nodes])
@@ -426,11 +467,11 @@ class DistGraph:
     def halo_plan(self) -> RowPlan:
         """The plan of :meth:`fetch_halo` (built once)."""
         if 'halo_plan' not in self.derived:
-            local = torch.arange(self.num_nodes)
+            local = torch.arange(self.num_nodes, device=self.device)
             recv_pos, offset = {}, self.num_nodes
             for block in self.blocks[1:]:
-                recv_pos[block.peer] = torch.arange(offset,
-                                                    offset + block.num_src)
+                recv_pos[block.peer] = torch.arange(
+                    offset, offset + block.num_src, device=self.device)
                 offset += block.num_src
             self.derived['halo_plan'] = RowPlan(offset, local, local,
                                                 dict(self.send_ids), recv_pos)
@@ -454,7 +495,8 @@ class DistGraph:
         destinations the local nodes (which come first there)."""
         if 'halo_edge_index' not in self.derived:
             merged = self.merged_block()
-            out = torch.empty((2, self.num_edges), dtype=torch.long)
+            out = torch.empty((2, self.num_edges), dtype=torch.long,
+                              device=self.device)
             out[0, merged.edge_pos] = merged.src
             out[1, merged.edge_pos] = merged.dst
             self.derived['halo_edge_index'] = out

@@ -37,13 +37,34 @@ class ReversedGraph(DistGraph):
     def reverse(self) -> DistGraph:
         return self.base
 
+    def _moved_with(self, base: DistGraph, device) -> 'ReversedGraph':
+        """This graph on ``device``, as the transpose of the moved ``base``."""
+        DistGraph.to(self, device)
+        self.base = base
+
+        def move(t: Tensor) -> Tensor:
+            return t.to(device)
+
+        plan = self.edge_plan
+        self.edge_plan = RowPlan(
+            plan.num_out, move(plan.local_src), move(plan.local_dst),
+            {q: move(t) for q, t in plan.send_idx.items()},
+            {q: move(t) for q, t in plan.recv_pos.items()})
+        return self
+
+    def to(self, device) -> DistGraph:
+        """Moves the base graph (and with it this one) to ``device``."""
+        self.base.to(device)
+        return self
+
 
 def reverse_graph(graph: DistGraph) -> ReversedGraph:
     """Builds the transposed graph of ``graph`` (collective)."""
     P, p = graph.world_size, graph.rank
     src = graph._src_global
     owner = torch.searchsorted(graph.node_ptr, src, right=True) - 1
-    pos = torch.arange(graph.num_edges)
+    dev = graph.device
+    pos = torch.arange(graph.num_edges, device=dev)
     # What goes to each owner of a source: (its local id there, my global
     # destination id, my edge position).
     by_owner = torch.argsort(owner, stable=True)
@@ -62,17 +83,17 @@ def reverse_graph(graph: DistGraph) -> ReversedGraph:
     # CSC order of the transposed graph: by destination, then source.
     order = torch.argsort(new_dst * graph.num_global_nodes + new_src,
                           stable=True)
-    csc_ptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long)
+    csc_ptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long, device=dev)
     csc_ptr[1:] = torch.bincount(new_dst, minlength=graph.num_nodes).cumsum(0)
     position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel())
+    position[order] = torch.arange(order.numel(), device=dev)
 
     rev = object.__new__(ReversedGraph)
     rev.mode, rev.chunk_size = graph.mode, graph.chunk_size
     rev.rank, rev.world_size = p, P
     rev.base = graph
     rev._setup(graph.node_ptr, graph.num_nodes, graph.num_global_nodes,
-               csc_ptr, new_src[order], torch.empty(0, dtype=torch.long))
+               csc_ptr, new_src[order], pos.new_empty(0))
     recv_pos: Dict[int, Tensor] = {}
     start = 0
     for q, t in enumerate(incoming):

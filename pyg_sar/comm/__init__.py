@@ -19,13 +19,16 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
   :func:`broadcast_`, :func:`all_gather_object`, :func:`all_to_all_v`,
   :func:`global_sum`, :func:`global_count`.
 - :mod:`~pyg_sar.comm.p2p`: :func:`post_exchange`, :class:`PendingExchange`.
+- :mod:`~pyg_sar.comm.channels`: :func:`ensure_channels`, the process groups
+  that keep concurrent exchanges apart (no tags).
 - :mod:`~pyg_sar.comm.model`: :func:`sync_params`, :func:`all_reduce_grads`,
   :func:`ddp_sum_hook`.
 - :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
   :func:`load_replicated`, :func:`replicated_specs`.
 """
-from pyg_sar.comm import (checkpoint_io, collectives, errors, p2p,
+from pyg_sar.comm import (channels, checkpoint_io, collectives, errors, p2p,
                           process_group, state)
+from pyg_sar.comm.channels import ensure_channels
 from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
                                         save_replicated)
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
@@ -47,7 +50,7 @@ __all__ = [
     'all_reduce_grads', 'global_count', 'barrier', 'shutdown',
     'find_free_port',
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
-    'replicated_specs',
+    'replicated_specs', 'ensure_channels',
 ]
 
 # Internals reached as ``pyg_sar.comm._name`` (tests use ``_peer_error``).
@@ -65,6 +68,5 @@ _comm_device = process_group._comm_device
 _GlobalSum = collectives._GlobalSum
 _all_to_all_counts = collectives._all_to_all_counts
 _split = p2p._split
-_post = p2p._post
 _dcp_no_dist = checkpoint_io._dcp_no_dist
 _dcp_error = checkpoint_io._dcp_error

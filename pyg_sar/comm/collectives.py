@@ -3,6 +3,7 @@ all-to-all, plus the differentiable :func:`global_sum` and
 :func:`global_count`."""
 from __future__ import annotations
 
+import math
 import time
 from typing import List, Sequence
 
@@ -11,7 +12,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_sar.comm.errors import _peer_error, _wait
-from pyg_sar.comm.p2p import post_exchange
+from pyg_sar.comm.channels import forget_channels
 from pyg_sar.comm.process_group import (_active, _comm_device, get_rank,
                                         get_world_size)
 from pyg_sar.comm.state import _STATS
@@ -35,6 +36,7 @@ def shutdown() -> None:
     try:
         barrier()
     finally:
+        forget_channels()
         dist.destroy_process_group()
 
 
@@ -123,7 +125,8 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
 
     Tensors may have different first dimensions per peer; trailing shape and
     dtype must agree across all ranks. Sizes are exchanged first, then the
-    rows travel as point-to-point messages (empty ones are skipped).
+    rows travel in one ``all_to_all_single`` with split sizes (a rank's own
+    tensor stays where it is).
     """
     world_size = get_world_size()
     if len(tensors) != world_size:
@@ -132,17 +135,27 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
     rank = get_rank()
     if not _active():
         return [tensors[0]]
-    counts = torch.tensor([t.shape[0] for t in tensors], dtype=torch.long)
-    recv_counts = _all_to_all_counts(counts)
-    trailing = tuple(tensors[rank].shape[1:])
-    dtype = tensors[rank].dtype
-    sends = {q: [tensors[q]] for q in range(world_size) if q != rank}
-    recv_shapes = {q: [((int(recv_counts[q]), *trailing), dtype)]
-                   for q in range(world_size) if q != rank}
-    pending = post_exchange(sends, recv_shapes, device=tensors[rank].device)
-    received = pending.wait()
-    return [tensors[q] if q == rank else received[q][0]
-            for q in range(world_size)]
+    mine = tensors[rank]
+    trailing, device = tuple(mine.shape[1:]), mine.device
+    send_counts = [0 if q == rank else int(t.shape[0])
+                   for q, t in enumerate(tensors)]
+    recv_counts = _all_to_all_counts(
+        torch.tensor(send_counts, dtype=torch.long)).tolist()
+    send = _comm_device(torch.cat(
+        [t.reshape(-1, *trailing) for q, t in enumerate(tensors) if q != rank]
+        or [mine.new_empty((0, *trailing))]).contiguous())
+    recv = send.new_empty((sum(recv_counts), *trailing))
+    row_bytes = send.element_size() * math.prod(trailing)
+    _STATS['collectives'] += 1
+    _STATS['bytes_sent'] += sum(send_counts) * row_bytes
+    _STATS['bytes_received'] += sum(recv_counts) * row_bytes
+    _STATS['messages_sent'] += sum(1 for n in send_counts if n)
+    _STATS['messages_received'] += sum(1 for n in recv_counts if n)
+    _wait(dist.all_to_all_single(recv, send, recv_counts, send_counts,
+                                 async_op=True), 'all_to_all')
+    received = list(recv.to(device).split(recv_counts))
+    received[rank] = mine
+    return received
 
 
 def _all_to_all_counts(counts: Tensor) -> Tensor:

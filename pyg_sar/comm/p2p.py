@@ -1,5 +1,13 @@
-"""Point-to-point exchanges: non-blocking sends and receives whose sizes
-both sides know (:func:`post_exchange`)."""
+"""Point-to-point exchanges: grouped sends and receives whose sizes both
+sides know (:func:`post_exchange`).
+
+Every exchange is one ``dist.batch_isend_irecv`` call: all sends and receives
+of a rank, to and from every peer, are posted together, which NCCL needs
+when two ranks send to each other (ungrouped, both would block in their
+send). Messages are told apart by their order, never by tags: both sides of
+a pair post their messages in the same order, and exchanges that may overlap
+in time run on different channels (:mod:`pyg_sar.comm.channels`).
+"""
 from __future__ import annotations
 
 import time
@@ -9,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from pyg_sar.comm.channels import channel_group
 from pyg_sar.comm.errors import _peer_error, _wait
 from pyg_sar.comm.process_group import _comm_device
 from pyg_sar.comm.state import _CONFIG, _STATS
@@ -19,19 +28,20 @@ class PendingExchange:
     received tensors, ``{peer: [tensor, ...]}``."""
 
     def __init__(self, works, received: Dict[int, List[Tensor]],
-                 keep_alive: List[Tensor], device: torch.device) -> None:
+                 copy_back: List[Tuple[Tensor, Tensor]],
+                 keep_alive: List[Tensor]) -> None:
         self._works = works
         self._received = received
+        self._copy_back = copy_back
         self._keep_alive = keep_alive
-        self._device = device
 
     def wait(self) -> Dict[int, List[Tensor]]:
         for work, what, peer in self._works:
             _wait(work, what, peer)
-        self._works = []
-        self._keep_alive = []
-        return {peer: [t.to(self._device) for t in tensors]
-                for peer, tensors in self._received.items()}
+        for wire, out in self._copy_back:
+            out.copy_(wire)
+        self._works, self._copy_back, self._keep_alive = [], [], []
+        return self._received
 
 
 def _split(flat: Tensor) -> List[Tensor]:
@@ -40,42 +50,47 @@ def _split(flat: Tensor) -> List[Tensor]:
     return list(flat.split(step)) if flat.numel() > step else [flat]
 
 
-def _post(op, tensor: Tensor, peer: int, tag: int):
-    """Posts one isend/irecv; a peer whose connection is gone already
-    fails here rather than in the wait."""
-    what = 'send' if op is dist.isend else 'receive'
-    start = time.perf_counter()
-    try:
-        return op(tensor, peer, tag=tag)
-    except Exception as e:
-        raise _peer_error(what, peer, e, time.perf_counter() - start) from e
+def _labels(ops: List[Tuple[str, int]], works: List) -> List[Tuple]:
+    """``(work, what, peer)`` per work. gloo returns one work per operation;
+    NCCL one for the whole coalesced batch, which is then named by its
+    peers."""
+    if len(works) == len(ops):
+        return [(w, what, peer) for w, (what, peer) in zip(works, ops)]
+    peers = sorted({peer for _, peer in ops})
+    what = 'send' if all(w == 'send' for w, _ in ops) else 'receive'
+    if len(peers) == 1:
+        return [(w, what, peers[0]) for w in works]
+    return [(w, f"exchange with ranks {', '.join(map(str, peers))}", None)
+            for w in works]
 
 
 def post_exchange(
     sends: Dict[int, Sequence[Tensor]],
     recv_shapes: Dict[int, Sequence[Tuple[Tuple[int, ...], torch.dtype]]],
     device: Optional[torch.device] = None,
-    tag: int = 0,
+    channel: str = 'default',
 ) -> PendingExchange:
-    """Posts non-blocking sends and receives whose sizes both sides know.
+    """Posts grouped non-blocking sends and receives whose sizes both sides
+    know.
 
     Args:
         sends: ``{peer: [tensor, ...]}`` to send to each peer.
         recv_shapes: ``{peer: [(shape, dtype), ...]}`` expected from each peer,
             in the order the peer sends them.
         device: Where received tensors are returned.
-        tag: Channel of the messages; exchanges that may be in flight at the
-            same time between the same two ranks use different tags.
+        channel: ``'default'`` or a name of
+            :data:`pyg_sar.comm.channels.CHANNELS`: exchanges that may be in
+            flight at the same time between the same two ranks use different
+            channels.
 
     Both sides must post matching lists in the same order. Empty tensors are
     not sent (the receiver skips them too, since it knows their size), so a
-    peer with nothing to exchange costs nothing. Receives are posted before
-    sends to avoid transport-level stalls.
+    peer with nothing to exchange costs nothing.
     """
     device = device or torch.device('cpu')
-    works, keep_alive = [], []
+    group = channel_group(channel)
+    p2p_ops, labels, keep_alive, copy_back = [], [], [], []
     received: Dict[int, List[Tensor]] = {}
-    exchange_ran = False
     for peer, specs in recv_shapes.items():
         out = []
         for shape, dtype in specs:
@@ -83,14 +98,13 @@ def post_exchange(
             if buf.numel() > 0:
                 wire = _comm_device(buf)
                 for piece in _split(wire.view(-1)):
-                    works.append((_post(dist.irecv, piece, peer, tag),
-                                  'receive', peer))
+                    p2p_ops.append(dist.P2POp(dist.irecv, piece, peer, group))
+                    labels.append(('receive', peer))
                     _STATS['messages_received'] += 1
-                    exchange_ran = True
                 _STATS['bytes_received'] += buf.numel() * buf.element_size()
-                if wire is not buf:  # nccl: copy back after waiting
+                if wire is not buf:  # e.g. gloo with CUDA features
                     keep_alive.append(wire)
-                    buf = wire
+                    copy_back.append((wire, buf))
             out.append(buf)
         received[peer] = out
     for peer, tensors in sends.items():
@@ -100,11 +114,19 @@ def post_exchange(
             wire = _comm_device(tensor.contiguous())
             keep_alive.append(wire)
             for piece in _split(wire.view(-1)):
-                works.append((_post(dist.isend, piece, peer, tag), 'send',
-                              peer))
+                p2p_ops.append(dist.P2POp(dist.isend, piece, peer, group))
+                labels.append(('send', peer))
                 _STATS['messages_sent'] += 1
-                exchange_ran = True
             _STATS['bytes_sent'] += tensor.numel() * tensor.element_size()
-    if exchange_ran:
+    works = []
+    if p2p_ops:
         _STATS['collectives'] += 1
-    return PendingExchange(works, received, keep_alive, device)
+        start = time.perf_counter()
+        try:
+            works = dist.batch_isend_irecv(p2p_ops)
+        except Exception as e:  # a peer whose connection is gone
+            what, peer = labels[0]
+            raise _peer_error(what, peer, e,
+                              time.perf_counter() - start) from e
+    return PendingExchange(_labels(labels, works), received, copy_back,
+                           keep_alive)

@@ -107,7 +107,9 @@ def get_world_size() -> int:
 
 
 def _comm_device(tensor: Tensor) -> Tensor:
-    """gloo moves CPU tensors; nccl needs them on the current GPU."""
-    if dist.get_backend() == 'nccl' and not tensor.is_cuda:
-        return tensor.cuda()
-    return tensor
+    """The tensor on the device the backend moves: the current GPU for
+    nccl, the CPU for gloo (which cannot send CUDA tensors point to point);
+    the tensor itself where it already lives there."""
+    if dist.get_backend() == 'nccl':
+        return tensor if tensor.is_cuda else tensor.cuda()
+    return tensor if tensor.device.type == 'cpu' else tensor.cpu()

@@ -102,14 +102,15 @@ class GCNConv(DistMessagePassing):
                 f"through remote degrees); use GraphConv, or pass "
                 f"edge_weight.detach()")
         if edge_weight is None:
-            edge_weight = torch.ones(graph.num_edges, dtype=dtype)
+            edge_weight = torch.ones(graph.num_edges, dtype=dtype,
+                                     device=graph.device)
         if self.add_self_loops:
             edge_weight = graph.with_self_loops().expand_edge_values(
                 edge_weight, fill, keep_existing_loops=True)
             graph = graph.with_self_loops()
-        deg = torch.zeros(graph.num_nodes, dtype=edge_weight.dtype)
-        dst_of_edge = torch.empty(graph.num_edges, dtype=torch.long)
-        src_deg = torch.empty(graph.num_edges, dtype=edge_weight.dtype)
+        deg = edge_weight.new_zeros(graph.num_nodes)
+        dst_of_edge = graph.edge_dst().new_empty(graph.num_edges)
+        src_deg = edge_weight.new_empty(graph.num_edges)
         for block in graph.blocks:
             dst_of_edge[block.edge_pos] = block.dst
         deg.index_add_(0, dst_of_edge, edge_weight)

@@ -88,6 +88,7 @@ class DistMessagePassing(MessagePassing):
                             f"{type(graph).__name__}); build one with "
                             f"pyg_sar.DistGraph(part)")
         _check_size(self, graph, size)
+        _check_device(self, graph, kwargs)
         reason = self.neighborhood_reason(graph, kwargs)
         if reason is None:
             return self.update(engine.propagate(self, graph, kwargs))
@@ -105,6 +106,7 @@ class DistMessagePassing(MessagePassing):
             raise TypeError(f"{type(self).__name__}.edge_updater expects a "
                             f"pyg_sar.DistGraph (got {type(graph).__name__})")
         _check_size(self, graph, size)
+        _check_device(self, graph, kwargs)
         return propagate_on_graph(self, graph, kwargs, 'edge_updater')
 
     def neighborhood_reason(self, graph: DistGraph, kwargs) -> Optional[str]:
@@ -178,3 +180,16 @@ def _check_size(module, graph: DistGraph, size) -> None:
         raise ValueError(f"{type(module).__name__}: size={tuple(size)} is "
                          f"not supported over a DistGraph (its size is "
                          f"{graph.num_nodes} local nodes); pass size=None")
+
+
+def _check_device(module, graph: DistGraph, kwargs) -> None:
+    """Features and the graph's index tensors must share a device (no index
+    tensor is copied behind the user's back at every layer call)."""
+    for name, value in kwargs.items():
+        for v in _flat([value]):
+            if isinstance(v, Tensor) and v.device != graph.device:
+                raise ValueError(
+                    f"{type(module).__name__}: '{name}' is on {v.device} but "
+                    f"the DistGraph is on {graph.device}; move the graph "
+                    f"with graph.to({str(v.device)!r}) (or build it with "
+                    f"DistGraph(part, device=...))")

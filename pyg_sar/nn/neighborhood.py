@@ -174,7 +174,7 @@ def _destination_ranges(dst: Tensor, limit: int,
     """Edge order sorted by destination, and ranges ``(e0, e1, d0, d1)``:
     edges ``order[e0:e1]`` are all in-edges of destinations ``[d0, d1)``."""
     order = torch.argsort(dst, stable=True)
-    ptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    ptr = dst.new_zeros(num_dst + 1)
     ptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
     ranges, d0 = [], 0
     ptr_list = ptr.tolist()

@@ -18,9 +18,9 @@ from torch import Tensor
 from pyg_sar import comm
 from pyg_sar.graph import EdgeBlock
 
-# Message channels: a re-fetch and a gradient send-back between the same two
-# ranks can be in flight together.
-_FETCH_TAG, _GRAD_TAG = 11, 12
+# A re-fetch and a gradient send-back between the same two ranks can be in
+# flight together, so the send-back has its own channel (a process group).
+_GRAD_CHANNEL = 'gradients'
 
 
 class RingMixin:
@@ -43,7 +43,7 @@ class RingMixin:
     def _post_fetch(self, rnd: int):
         g = self.graph
         to, frm = (g.rank + rnd) % g.world_size, (g.rank - rnd) % g.world_size
-        return frm, g.post_row_exchange(self.sources, [to], [frm], _FETCH_TAG)
+        return frm, g.post_row_exchange(self.sources, [to], [frm])
 
     def _fetched_rounds(self) -> Iterator[Tuple[int, Optional[EdgeBlock],
                                                 Optional[List[Tensor]]]]:
@@ -66,8 +66,8 @@ class RingMixin:
         """``one_shot``: all remote rows in one exchange, stacked after the
         local rows in block order."""
         g, sources = self.graph, self.sources
-        received = g.post_row_exchange(sources, g.send_ids, g.recv_ids,
-                                       _FETCH_TAG).wait()
+        received = g.post_row_exchange(sources, g.send_ids,
+                                       g.recv_ids).wait()
         return [torch.cat([sources[k]] +
                           [received[b.peer][k] for b in g.blocks[1:]])
                 for k in range(len(sources))]
@@ -97,7 +97,7 @@ class RingMixin:
                       for row, dtype, _ in self.source_meta]
                   for q in from_peers}
         return comm.post_exchange(sends, shapes, self.source_meta[0][2],
-                                  _GRAD_TAG)
+                                  _GRAD_CHANNEL)
 
     def _receive_grads(self, pending) -> None:
         received = pending.wait()
