@@ -19,9 +19,11 @@ the module in :obj:`COMMAND_MODULES`, so that :func:`main` imports it::
 import argparse
 import importlib
 import json
+import os
 import os.path as osp
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -232,14 +234,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    r"""Entry point of the ``pyg-sar`` console script."""
+    r"""Entry point of the ``pyg-sar`` console script.
+
+    A refused input or a failed peer ends the command with one line on
+    stderr (naming the rank under ``torchrun``) and exit code 2 (refused
+    input) or 3 (a peer died or hung); ``PYG_SAR_TRACEBACK=1`` adds the
+    traceback."""
+    from pyg_sar.comm import PeerError
     args = build_parser().parse_args(argv)
     try:
         code = COMMANDS[args.command].run(args)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError,
-            ImportError, FloatingPointError) as e:
-        print(f'pyg-sar {args.command}: error: {e}', file=sys.stderr)
-        return 2
+            ImportError, FloatingPointError, PeerError) as e:
+        if os.environ.get('PYG_SAR_TRACEBACK', '0') not in ('', '0'):
+            traceback.print_exc()
+        where = f" (rank {os.environ['RANK']})" if 'RANK' in os.environ \
+            and isinstance(e, (ValueError, TypeError, FileNotFoundError,
+                               FileExistsError, FloatingPointError)) else ''
+        # One write, so that the lines of several ranks do not interleave.
+        sys.stderr.write(f'pyg-sar {args.command}: error{where}: {e}\n')
+        sys.stderr.flush()
+        return 3 if isinstance(e, PeerError) else 2
     return 0 if code is None else int(code)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import os.path as osp
 import random
 import time
@@ -132,6 +133,37 @@ def limit_heap_retention(threshold_bytes: int = 1 << 20) -> bool:
         return False
 
 
+def resolve_device(device: str = 'auto') -> torch.device:
+    """``'auto'``: this worker's GPU (``cuda:LOCAL_RANK``) when CUDA is
+    available, else the CPU; otherwise the named device."""
+    if device == 'auto':
+        if torch.cuda.is_available():
+            return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+        return torch.device('cpu')
+    try:
+        out = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r} is not a torch device (expected "
+                         f"'auto', 'cpu' or 'cuda[:N]')") from e
+    if out.type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available here")
+    return out
+
+
+class _StartupLog:
+    """Rank 0 says what it is doing while nothing else shows progress
+    (joining, loading, planning), with the seconds since the job began."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and os.environ.get('RANK', '0') == '0'
+        self.start = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        if self.enabled:
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {what}...",
+                  flush=True)
+
+
 def train(parts: str, model: str = 'sage', layers: int = 3,
           hidden: int = 256, heads: int = 4, epochs: int = 10,
           lr: float = 0.01, dropout: float = 0.5, mode: str = 'sar',
@@ -141,7 +173,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
           checkpoint_dir: Optional[str] = None, checkpoint_every: int = 1,
           save_model: Optional[str] = None,
           allow_non_finite_loss: bool = False,
-          log_dir: Optional[str] = None) -> List[Dict]:
+          log_dir: Optional[str] = None,
+          device: str = 'auto') -> List[Dict]:
     """Trains ``model`` full-batch on the partition set ``parts``; one call
     per worker (collective). Returns the per-epoch history (same on every
     rank). Rank 0 prints each epoch's loss and accuracies.
@@ -156,7 +189,10 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     stops training with a ``FloatingPointError`` naming the epoch (on every
     rank), unless ``allow_non_finite_loss``. ``log_dir`` receives
     ``metrics.csv`` (per epoch: loss, accuracies, time, bytes exchanged and
-    peak RSS of every rank) and ``curves.png`` (:mod:`pyg_sar.run_log`)."""
+    peak RSS of every rank) and ``curves.png`` (:mod:`pyg_sar.run_log`).
+    ``device`` is where the model, the features and the graph's index
+    tensors live: ``'auto'`` is this worker's GPU (``cuda:LOCAL_RANK``)
+    when CUDA is available, else the CPU."""
     import numpy as np
 
     import pyg_sar
@@ -172,13 +208,22 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
                          f"{osp.dirname(osp.abspath(save_model))!r} does "
                          f"not exist")
     limit_heap_retention()
+    say = _StartupLog(progress)
+    say(f"joining the process group "
+        f"({os.environ.get('WORLD_SIZE', '1')} workers)")
     rank, world_size = pyg_sar.init_distributed(
         timeout=timedelta(seconds=timeout_s))
+    device = resolve_device(device)
     comm.configure(pipeline_depth=pipeline_depth)
+    say(f"loading part {rank} of {parts!r} on every rank")
     part = pyg_sar.load_partition(parts, rank)
-    graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk_size)
-    x, y = part.x.float(), part.y.long()
-    masks = {name: getattr(part, f'{name}_mask').bool()
+    say(f"building the exchange plan ({part.num_local_nodes:,} nodes, "
+        f"{part.num_local_edges:,} in-edges on rank 0; mode {mode}, "
+        f"device {device})")
+    graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk_size,
+                              device=device)
+    x, y = part.x.float().to(device), part.y.long().to(device)
+    masks = {name: getattr(part, f'{name}_mask').bool().to(device)
              for name in ('train', 'val', 'test')
              if hasattr(part, f'{name}_mask')}
     if 'train' not in masks:
@@ -189,8 +234,10 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     np.random.seed(seed)
     torch.manual_seed(seed)
     net = to_distributed(GNN(model, x.shape[1], hidden, num_classes, layers,
-                             heads, dropout))
+                             heads, dropout)).to(device)
     pyg_sar.sync_params(net)
+    say(f"model {model}: {layers} layers, "
+        f"{sum(p.numel() for p in net.parameters()):,} parameters")
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
     num_train = comm.global_count(masks['train'])
 
@@ -286,6 +333,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
                         help='edges per aggregation chunk (bounds memory)')
     parser.add_argument('--pipeline-depth', type=int, default=1)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--device', default='auto',
+                        help="'auto' (this worker's GPU when CUDA is "
+                        "available, else the CPU), 'cpu' or 'cuda[:N]'")
     parser.add_argument('--timeout', type=float, default=300.0,
                         help='seconds before a silent peer is an error')
     parser.add_argument('--history', default=None,
@@ -324,7 +374,7 @@ def _run(args: argparse.Namespace) -> int:
                                       else args.checkpoint_every),
                     save_model=args.save_model,
                     allow_non_finite_loss=args.allow_non_finite_loss,
-                    log_dir=args.log_dir)
+                    log_dir=args.log_dir, device=args.device)
     if args.history and comm.get_rank() == 0:
         with open(args.history, 'w') as f:
             json.dump(history, f, indent=1)

@@ -65,6 +65,7 @@ _peer_error = errors._peer_error
 _restart_store = process_group._restart_store
 _active = process_group._active
 _comm_device = process_group._comm_device
+_CHANNEL_GROUPS = channels._GROUPS
 _GlobalSum = collectives._GlobalSum
 _all_to_all_counts = collectives._all_to_all_counts
 _split = p2p._split
