@@ -107,11 +107,13 @@ def _run_partition(args: argparse.Namespace) -> int:
         raise ValueError(f"Options {sorted(synthetic_options)} only apply to "
                          f"--dataset synthetic")
     start = time.perf_counter()
+    print(f'Loading {args.dataset}...', flush=True)
     data = datasets.load(args.dataset, args.root, seed=args.seed,
                          **synthetic_options)
     load_time = time.perf_counter() - start
     print(f'Loaded {args.dataset}: {data.num_nodes:,} nodes, '
-          f'{data.num_edges:,} edges ({load_time:.1f}s)')
+          f'{data.num_edges:,} edges ({load_time:.1f}s); partitioning into '
+          f'{args.num_parts} parts ({args.method})...', flush=True)
 
     manifest = partition_graph(data, args.num_parts, args.out,
                                method=args.method,

@@ -218,3 +218,47 @@ def test_non_finite_loss_stops_training_with_the_epoch(tmp_path):
     run = subprocess.run(command + ['--allow-non-finite-loss'],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_corrupt_part_file_stops_every_rank_within_seconds(tmp_path):
+    """Rank 1's part file is truncated: under torchrun, rank 1 says so in one
+    line naming the file, rank 0 stops too (its peer is gone), and the job
+    exits long before the 300 s timeout, each error line first on its rank
+    (no traceback unless PYG_SAR_TRACEBACK=1)."""
+    import subprocess
+    import sys
+    import time
+    data = pyg_sar.datasets.synthetic_graph(300, 5, 8, 3, seed=0)
+    parts = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, 2, parts)
+    path = osp.join(parts, 'part_1', 'graph.pt')
+    with open(path, 'rb') as f:
+        blob = f.read()
+    with open(path, 'wb') as f:
+        f.write(blob[:len(blob) // 2])
+    command = [sys.executable, '-m', 'torch.distributed.run',
+               '--nproc-per-node', '2', '--master-port',
+               str(comm.find_free_port()), '-m', 'pyg_sar.cli', 'train',
+               '--parts', parts, '--epochs', '2', '--hidden', '8',
+               '--layers', '2', '--no-progress', '--timeout', '300']
+    start = time.perf_counter()
+    run = subprocess.run(command, capture_output=True, text=True, timeout=200)
+    elapsed = time.perf_counter() - start
+    assert run.returncode != 0
+    assert elapsed < 60, f'took {elapsed:.0f}s'
+    ours = [line for line in run.stderr.splitlines()
+            if line.startswith('pyg-sar train: error')]
+    assert ours and ours[0].startswith(
+        f"pyg-sar train: error (rank 1): Partition file '{path}' is corrupt"
+    ), run.stderr
+    # rank 0 either names its dead peer or was stopped by torchrun first.
+    for line in ours[1:]:
+        assert 'rank 1' in line, line
+    # No worker traceback: the only one is torchrun's own, after our lines.
+    lines = run.stderr.splitlines()
+    tracebacks = [i for i, line in enumerate(lines) if 'Traceback' in line]
+    assert len(tracebacks) <= 1, run.stderr
+    if tracebacks:
+        assert lines.index(ours[-1]) < tracebacks[0]
+        assert 'torch/distributed' in lines[tracebacks[0] + 1] or \
+            'runpy' in lines[tracebacks[0] + 1], run.stderr
