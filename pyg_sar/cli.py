@@ -256,6 +256,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         # One write, so that the lines of several ranks do not interleave.
         sys.stderr.write(f'pyg-sar {args.command}: error{where}: {e}\n')
         sys.stderr.flush()
+        if not isinstance(e, PeerError):  # peers then name this rank
+            from pyg_sar.comm.errors import report_failure
+            report_failure(f'{type(e).__name__}: {e}')
         return 3 if isinstance(e, PeerError) else 2
     return 0 if code is None else int(code)
 

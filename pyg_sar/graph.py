@@ -391,47 +391,9 @@ class DistGraph:
         base position of its existing self loop or ``-1``.
         """
         if 'loops' not in self._views:
-            self._views['loops'] = self._make_loop_view()
+            from pyg_sar.self_loops import make_loop_view
+            self._views['loops'] = make_loop_view(self)
         return self._views['loops']
-
-    def _make_loop_view(self) -> 'DistGraph':
-        view = object.__new__(DistGraph)
-        view.__dict__.update(self.__dict__)
-        view._views, view._source_cache, view.derived = {}, {}, {}
-        src_local, dst, pos = self._block_edges[self.rank]
-        is_loop = src_local == dst
-        dev = self.device
-        base_pos = torch.arange(self.num_edges, device=dev)
-        keep_base = torch.ones(self.num_edges, dtype=torch.bool, device=dev)
-        keep_base[pos[is_loop]] = False
-        kept = base_pos[keep_base]
-        # Positions in the view: kept base edges first, then N loops.
-        new_pos_of_base = torch.full((self.num_edges, ), -1, dtype=torch.long,
-                                     device=dev)
-        new_pos_of_base[kept] = torch.arange(kept.numel(), device=dev)
-        view.base_edge_pos = torch.cat(
-            [kept, new_pos_of_base.new_full((self.num_nodes, ), -1)])
-        loop_source = new_pos_of_base.new_full((self.num_nodes, ), -1)
-        # For duplicated loops PyG keeps the last one; so does this scatter.
-        loop_source[dst[is_loop]] = pos[is_loop]
-        view.loop_source_pos = loop_source
-        view.num_edges = int(kept.numel()) + self.num_nodes
-        view.in_degree = self.in_degree - torch.bincount(
-            dst[is_loop], minlength=self.num_nodes) + 1
-        nodes = torch.arange(self.num_nodes, device=dev)
-        loop_pos = kept.numel() + nodes
-        l_src = torch.cat([src_local[~is_loop], nodes])
-        l_dst = torch.cat([dst[~is_loop], nodes])
-        l_pos = torch.cat([new_pos_of_base[pos[~is_loop]], loop_pos])
-        order = torch.argsort(l_dst, stable=True)
-        view._block_edges = dict(self._block_edges)
-        view._block_edges[self.rank] = (l_src[order], l_dst[order],
-                                        l_pos[order])
-        for q, (src, d, pos_q) in self._block_edges.items():
-            if q != self.rank:
-                view._block_edges[q] = (src, d, new_pos_of_base[pos_q])
-        view._make_blocks()
-        return view
 
     def expand_edge_values(self, values: Optional[Tensor],
                            fill_value: float = 1.0,

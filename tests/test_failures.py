@@ -168,6 +168,36 @@ def test_peer_that_exits_at_once_is_reported_with_real_elapsed_time(
                 assert f'(the one at {error.address})' in message, message
 
 
+def _peer_reports_then_exits(rank, world_size):
+    if rank == 1:
+        comm.report_failure("ValueError: Partition file 'p/part_1/graph.pt' "
+                            "is corrupt")
+        os._exit(2)
+    try:
+        comm.all_reduce(torch.ones(4))
+    except pyg_sar.PeerError as e:
+        return pickle.loads(pickle.dumps(e))
+    return None
+
+
+def test_collective_failure_names_the_rank_that_reported_first():
+    """With more than two ranks gloo does not say which peer is gone; the
+    rank that failed on its own left its reason in the store, and the
+    others name it and quote it."""
+    results = run_workers(_peer_reports_then_exits, 3, timeout_s=30,
+                          expect_errors=True)
+    for rank in (0, 2):
+        status, error = results[rank]
+        assert status == 'ok' and isinstance(error, pyg_sar.PeerError), error
+        assert error.peer == 1 and not error.timed_out
+        assert str(error).startswith(
+            f'rank {rank}: all_reduce(sum) across 3 ranks failed after '), \
+            str(error)
+        assert str(error).endswith(
+            '; rank 1 stopped first: "ValueError: Partition file '
+            '\'p/part_1/graph.pt\' is corrupt"'), str(error)
+
+
 def test_peer_error_message_from_transport_text(monkeypatch):
     monkeypatch.setattr(comm, 'get_rank', lambda: 2)
     monkeypatch.setattr(comm, 'get_world_size', lambda: 4)

@@ -34,7 +34,7 @@ from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       all_to_all_v, barrier, broadcast_,
                                       global_count, global_sum, shutdown)
-from pyg_sar.comm.errors import PeerError
+from pyg_sar.comm.errors import PeerError, report_failure
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
 from pyg_sar.comm.p2p import PendingExchange, post_exchange
 from pyg_sar.comm.process_group import (find_free_port, get_rank,
@@ -50,7 +50,7 @@ __all__ = [
     'all_reduce_grads', 'global_count', 'barrier', 'shutdown',
     'find_free_port',
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
-    'replicated_specs', 'ensure_channels',
+    'replicated_specs', 'ensure_channels', 'report_failure',
 ]
 
 # Internals reached as ``pyg_sar.comm._name`` (tests use ``_peer_error``).

@@ -85,6 +85,53 @@ def _transport_summary(cause: BaseException) -> str:
     return text or type(cause).__name__
 
 
+# Where a failing rank leaves its one-line reason for its peers.
+_FAILED_KEY = 'pyg_sar/failed/{}'
+
+
+def _store():
+    """The rendezvous store of the process group, or ``None``."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+        return _get_default_store()
+    except Exception:  # an older or different torch: no report
+        return None
+
+
+def report_failure(message: str) -> None:
+    """Leaves this rank's one-line reason for failing in the rendezvous
+    store, so that peers whose waits fail next name this rank and quote it
+    (``pyg-sar`` does this for every error it prints). Best effort: a store
+    that is gone is ignored."""
+    from pyg_sar import comm
+    store = _store()
+    if store is None:
+        return
+    try:
+        store.set(_FAILED_KEY.format(comm.get_rank()), message[:500])
+    except Exception:
+        pass
+
+
+def _reported_failures(rank: int, world_size: int) -> Dict[int, str]:
+    """``{rank: reason}`` of the peers that reported a failure."""
+    store = _store()
+    found: Dict[int, str] = {}
+    if store is None:
+        return found
+    try:
+        for q in range(world_size):
+            key = _FAILED_KEY.format(q)
+            if q != rank and store.check([key]):
+                found[q] = store.get(key).decode(errors='replace')
+    except Exception:  # the store went down with its host
+        pass
+    return found
+
+
 def _peer_error(what: str, peer: Optional[int],
                 cause: Optional[BaseException],
                 elapsed: float) -> PeerError:
@@ -114,18 +161,31 @@ def _peer_error(what: str, peer: Optional[int],
         target = f'{what} across {world_size} ranks'
     timed_out = cause is None or bool(_TIMED_OUT.search(text)) or \
         elapsed >= 0.95 * timeout
+    # A peer that failed on its own (a bad file, a refused input) left its
+    # reason in the store; name it rather than guess.
+    reported = _reported_failures(rank, world_size)
+    if peer is None and len(reported) == 1:
+        peer = next(iter(reported))
+    outcome = 'timed out' if timed_out else 'failed'
+    verdict = 'has probably hung or died' if timed_out else \
+        'has probably died'
+    detail = f': {_transport_summary(cause)}' if cause is not None else ''
+    clue = ''
     if peer is not None:
-        subject, clue = f'rank {peer}', ''
+        subject = f'rank {peer}'
+        if peer in reported:
+            verdict, detail = f'stopped first: "{reported[peer]}"', ''
+    elif reported:
+        subject = 'ranks ' + ', '.join(map(str, sorted(reported)))
+        verdict = 'stopped first: ' + '; '.join(
+            f'rank {q}: "{m}"' for q, m in sorted(reported.items()))
+        detail = ''
     elif named:  # several ranks named by the transport
         subject = 'one of ranks ' + ', '.join(map(str, named))
         clue = ' (named by the transport)'
     else:
         subject = 'a peer rank'
         clue = f' (the one at {address})' if address is not None else ''
-    outcome = 'timed out' if timed_out else 'failed'
-    verdict = 'has probably hung or died' if timed_out else \
-        'has probably died'
-    detail = f': {_transport_summary(cause)}' if cause is not None else ''
     return PeerError(
         f"rank {rank}: {target} {outcome} after {elapsed:.2f}s (timeout "
         f"{timeout:g}s); {subject}{clue} {verdict}{detail}",

@@ -1,0 +1,49 @@
+"""The self-loop view of a :class:`~pyg_sar.DistGraph` (PyG's layout after
+``add_self_loops``): what ``GCNConv`` and ``GATConv`` aggregate over."""
+from __future__ import annotations
+
+import torch
+
+
+def make_loop_view(graph):
+    """A view of ``graph`` whose local block has every existing self loop
+    removed and exactly one self loop per node appended (see
+    :meth:`pyg_sar.DistGraph.with_self_loops`)."""
+    from pyg_sar.graph import DistGraph
+    view = object.__new__(DistGraph)
+    view.__dict__.update(graph.__dict__)
+    view._views, view._source_cache, view.derived = {}, {}, {}
+    src_local, dst, pos = graph._block_edges[graph.rank]
+    is_loop = src_local == dst
+    dev = graph.device
+    base_pos = torch.arange(graph.num_edges, device=dev)
+    keep_base = torch.ones(graph.num_edges, dtype=torch.bool, device=dev)
+    keep_base[pos[is_loop]] = False
+    kept = base_pos[keep_base]
+    # Positions in the view: kept base edges first, then N loops.
+    new_pos_of_base = torch.full((graph.num_edges, ), -1, dtype=torch.long,
+                                 device=dev)
+    new_pos_of_base[kept] = torch.arange(kept.numel(), device=dev)
+    view.base_edge_pos = torch.cat(
+        [kept, new_pos_of_base.new_full((graph.num_nodes, ), -1)])
+    loop_source = new_pos_of_base.new_full((graph.num_nodes, ), -1)
+    # For duplicated loops PyG keeps the last one; so does this scatter.
+    loop_source[dst[is_loop]] = pos[is_loop]
+    view.loop_source_pos = loop_source
+    view.num_edges = int(kept.numel()) + graph.num_nodes
+    view.in_degree = graph.in_degree - torch.bincount(
+        dst[is_loop], minlength=graph.num_nodes) + 1
+    nodes = torch.arange(graph.num_nodes, device=dev)
+    loop_pos = kept.numel() + nodes
+    l_src = torch.cat([src_local[~is_loop], nodes])
+    l_dst = torch.cat([dst[~is_loop], nodes])
+    l_pos = torch.cat([new_pos_of_base[pos[~is_loop]], loop_pos])
+    order = torch.argsort(l_dst, stable=True)
+    view._block_edges = dict(graph._block_edges)
+    view._block_edges[graph.rank] = (l_src[order], l_dst[order],
+                                     l_pos[order])
+    for q, (src, d, pos_q) in graph._block_edges.items():
+        if q != graph.rank:
+            view._block_edges[q] = (src, d, new_pos_of_base[pos_q])
+    view._make_blocks()
+    return view
