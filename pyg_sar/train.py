@@ -215,7 +215,7 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         timeout=timedelta(seconds=timeout_s))
     device = resolve_device(device)
     comm.configure(pipeline_depth=pipeline_depth)
-    say(f"loading part {rank} of {parts!r} on every rank")
+    say(f"loading the parts of {parts!r}, one per rank")
     part = pyg_sar.load_partition(parts, rank)
     say(f"building the exchange plan ({part.num_local_nodes:,} nodes, "
         f"{part.num_local_edges:,} in-edges on rank 0; mode {mode}, "
