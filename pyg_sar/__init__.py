@@ -21,6 +21,7 @@ _LAZY_ATTRIBUTES = {
     'DistGraph': 'pyg_sar.graph',
     'nn': 'pyg_sar.nn',
     'loader': 'pyg_sar.loader',
+    'link': 'pyg_sar.link',
 }
 
 

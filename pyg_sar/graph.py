@@ -172,6 +172,8 @@ class DistGraph:
         self.world_size = int(part.num_parts)
         self._check_world(part)
         comm.ensure_channels()
+        # Input-graph id of every local node (link prediction: global_ids).
+        self.orig_ids = part.orig_ids
 
         self._setup(part.node_ptr, int(part.num_local_nodes),
                     int(part.num_nodes), part.csc_ptr, part.csc_src,
@@ -221,6 +223,8 @@ class DistGraph:
             move(self.in_degree)
         self.edge_ids, self._dst = move(self.edge_ids), move(self._dst)
         self._src_global = move(self._src_global)
+        if getattr(self, 'orig_ids', None) is not None:
+            self.orig_ids = move(self.orig_ids)
         self.recv_ids = {q: move(t) for q, t in self.recv_ids.items()}
         self.send_ids = {q: move(t) for q, t in self.send_ids.items()}
         self._block_edges = {q: tuple(move(t) for t in edges)
@@ -463,6 +467,21 @@ class DistGraph:
             out[1, merged.edge_pos] = merged.dst
             self.derived['halo_edge_index'] = out
         return self.derived['halo_edge_index']
+
+    # Any node, by id ##########################################################
+
+    def fetch_nodes(self, x: Tensor, ids: Tensor) -> Tensor:
+        """Rows of ``x`` (each worker's own nodes) at global node ids
+        ``ids`` of the whole graph, fetched from their owners;
+        differentiable, collective (:func:`pyg_sar.link.fetch_nodes`)."""
+        from pyg_sar.link import fetch_nodes
+        return fetch_nodes(self, x, ids)
+
+    def global_ids(self, input_ids: Tensor) -> Tensor:
+        """Global ids of nodes given by their input-graph ids; collective
+        (:func:`pyg_sar.link.global_ids`)."""
+        from pyg_sar.link import global_ids
+        return global_ids(self, input_ids)
 
     def reverse(self) -> 'DistGraph':
         """The transposed graph (``flow='target_to_source'``): every worker

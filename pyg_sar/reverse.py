@@ -92,6 +92,7 @@ def reverse_graph(graph: DistGraph) -> ReversedGraph:
     rev.mode, rev.chunk_size = graph.mode, graph.chunk_size
     rev.rank, rev.world_size = p, P
     rev.base = graph
+    rev.orig_ids = getattr(graph, 'orig_ids', None)
     rev._setup(graph.node_ptr, graph.num_nodes, graph.num_global_nodes,
                csc_ptr, new_src[order], pos.new_empty(0))
     recv_pos: Dict[int, Tensor] = {}
