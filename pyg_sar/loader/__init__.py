@@ -1,10 +1,12 @@
 """Distributed mini-batch loading: neighbor sampling on collectives.
 
 :class:`DistNeighborLoader` draws PyG ``NeighborLoader``-style batches from a
-partitioned graph with ``all_to_all`` exchanges per hop (no RPC, no pyg-lib);
+partitioned graph with ``all_to_all`` exchanges per hop (no RPC, no pyg-lib),
+and :class:`DistLinkNeighborLoader` PyG ``LinkNeighborLoader``-style ones;
 :func:`sample_neighbors` is its vectorized single-process sampling kernel.
 """
+from pyg_sar.loader.link_loader import DistLinkNeighborLoader
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.sampler import sample_neighbors
 
-__all__ = ['DistNeighborLoader', 'sample_neighbors']
+__all__ = ['DistNeighborLoader', 'DistLinkNeighborLoader', 'sample_neighbors']

@@ -311,7 +311,7 @@ class DistNeighborLoader:
                 f"part r on rank r")
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
                   self.pad_batches, _schema(shard.node_attrs),
-                  _schema(shard.edge_attrs))
+                  _schema(shard.edge_attrs), self._extra_config())
         everyone = comm.all_gather_object((config, self.num_batches))
         for other_rank, (other, _) in enumerate(everyone):
             if other != config:
@@ -321,6 +321,10 @@ class DistNeighborLoader:
                     f"num_neighbors, replace, pad_batches or attribute "
                     f"schema: {config} vs {other}")
         return max(num_batches for _, num_batches in everyone)
+
+    def _extra_config(self) -> Tuple:
+        """Further settings every rank must share (subclasses)."""
+        return ()
 
     # Iteration ##############################################################
 
@@ -337,13 +341,16 @@ class DistNeighborLoader:
                 'to the end (no break) on every rank')
         return self._epoch()
 
+    def _batch(self, own: Tensor) -> Data:
+        """The batch of the inputs at positions ``own`` (collective)."""
+        return self._sample_round(self.input_nodes[own], own)
+
     def _epoch(self) -> Iterator[Data]:
         self._epoch_running = True
-        seeds = self.input_nodes
-        positions = torch.arange(seeds.numel())
+        num_inputs = self.input_nodes.numel()
+        positions = torch.arange(num_inputs)
         if self.shuffle:
-            positions = torch.randperm(seeds.numel(),
-                                       generator=self.generator)
+            positions = torch.randperm(num_inputs, generator=self.generator)
         batches = list(positions.split(self.batch_size))
         batches = batches[:self.num_batches]
         round_index = 0
@@ -356,7 +363,7 @@ class DistNeighborLoader:
             round_index += 1
             if own is None:
                 own = positions[:0]
-            batch = self._sample_round(seeds[own], own)
+            batch = self._batch(own)
             if own.numel() > 0 or self.pad_batches:
                 yield self.transform(batch) if self.transform else batch
         self._epoch_running = False
@@ -612,9 +619,8 @@ def _check_kwargs(kwargs: Dict[str, Any]) -> None:
                 'subgraph_type': 'directional'}
     for key, value in kwargs.items():
         if key in required:
-            if value != required[key] and not (
-                    key == 'subgraph_type' and str(value).endswith(
-                        'directional')):
+            # PyG's SubgraphType enum or its value.
+            if getattr(value, 'value', value) != required[key]:
                 raise ValueError(
                     f"DistNeighborLoader supports only {key}="
                     f"{required[key]!r} (got {value!r})" +

@@ -1,0 +1,227 @@
+"""Link-level mini-batches of a partitioned graph: PyG's
+``LinkNeighborLoader`` on collectives.
+
+A batch takes ``batch_size`` labelled pairs of this rank, adds negatives
+drawn over the node ids of the whole graph (not one part), samples the
+neighborhoods of all endpoints with :class:`DistNeighborLoader`'s collective
+round, and lays the result out as PyG's ``LinkNeighborLoader`` does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_sar.loader.neighbor_loader import DistNeighborLoader
+
+
+def _negative_sampling(neg_sampling, neg_sampling_ratio):
+    """PyG's ``NegativeSampling`` (or ``None``) from the loader's
+    arguments, as ``LinkNeighborLoader`` reads them."""
+    from torch_geometric.sampler import NegativeSampling
+    if neg_sampling_ratio is not None and neg_sampling_ratio != 0.0:
+        if neg_sampling is not None:
+            raise ValueError("pass either 'neg_sampling' or the deprecated "
+                             "'neg_sampling_ratio', not both")
+        neg_sampling = NegativeSampling('binary', neg_sampling_ratio)
+    if neg_sampling is None:
+        return None
+    if isinstance(neg_sampling, dict):
+        neg_sampling = NegativeSampling(**neg_sampling)
+    elif isinstance(neg_sampling, str):
+        neg_sampling = NegativeSampling(neg_sampling)
+    if not isinstance(neg_sampling, NegativeSampling):
+        raise TypeError(f"'neg_sampling' must be a NegativeSampling, a mode "
+                        f"('binary' or 'triplet') or a dict of its arguments "
+                        f"(got {type(neg_sampling).__name__})")
+    return neg_sampling
+
+
+class DistLinkNeighborLoader(DistNeighborLoader):
+    r"""Mini-batches of labelled node pairs and their sampled neighborhoods,
+    drawn collectively by all ranks; PyG's ``LinkNeighborLoader`` (and
+    ``torch_geometric.distributed.DistLinkNeighborLoader``) on a partition
+    made by :func:`pyg_sar.partition_graph`.
+
+    Every rank passes its own labelled pairs and iterates its own batches, as
+    with :class:`DistNeighborLoader` (same collective rules: iterate every
+    epoch to the end; ``pad_batches=True`` for training with gradient
+    all-reduce). A batch is laid out as ``LinkNeighborLoader``'s:
+
+    - ``n_id``: the pairs' distinct endpoints (positives and negatives,
+      sorted by id) first, then the nodes new in each hop; ``e_id``,
+      ``edge_index``, ``num_sampled_nodes``, ``num_sampled_edges`` and every
+      node and edge attribute as in :class:`DistNeighborLoader`;
+    - ``input_id``: the pairs' positions in :obj:`edge_label_index`;
+    - binary negative sampling (or none): ``edge_label_index`` (batch-local
+      ids, positives then negatives) and ``edge_label`` (the given labels,
+      or ones, then zeros for the negatives);
+    - triplet negative sampling: ``src_index``, ``dst_pos_index`` and
+      ``dst_neg_index`` (``[num_pos]`` or ``[num_pos, amount]``).
+
+    Negatives are drawn, as in PyG, uniformly (or with the
+    ``NegativeSampling`` weights) from all ``num_nodes`` global ids, so they
+    cover every part; like PyG's they may be false negatives.
+
+    Args:
+        data: This rank's :class:`pyg_sar.Partition`, or PyG's
+            ``(LocalFeatureStore, LocalGraphStore)`` loaded from it.
+        num_neighbors (List[int]): Fanout per hop (``-1``: all).
+        edge_label_index (Tensor, optional): ``[2, num_pairs]`` pairs of
+            global (partition) node ids, any owners. ``None``: this rank's
+            in-edges.
+        edge_label (Tensor, optional): One label per pair (binary or no
+            negative sampling only).
+        edge_label_time: Temporal link sampling is refused (not supported).
+        neg_sampling (NegativeSampling, str or dict, optional): PyG's
+            negative sampling configuration (``'binary'`` or ``'triplet'``,
+            ``amount``, ``src_weight``/``dst_weight`` over all global
+            ids).
+        neg_sampling_ratio (float, optional): PyG's deprecated shortcut for
+            binary sampling with this amount.
+        batch_size, shuffle, drop_last, replace, seed, transform,
+        pad_batches, **kwargs: as for :class:`DistNeighborLoader`.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        num_neighbors: Sequence[int],
+        edge_label_index: Optional[Union[Tensor, Tuple]] = None,
+        edge_label: Optional[Tensor] = None,
+        edge_label_time: Optional[Tensor] = None,
+        neg_sampling: Any = None,
+        neg_sampling_ratio: Optional[float] = None,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        replace: bool = False,
+        seed: Optional[int] = None,
+        transform: Optional[Callable[[Data], Data]] = None,
+        pad_batches: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if edge_label_time is not None or kwargs.get('time_attr') is not None:
+            raise ValueError("DistLinkNeighborLoader does not support "
+                             "temporal sampling (edge_label_time/time_attr)")
+        self.neg_sampling = _negative_sampling(neg_sampling,
+                                               neg_sampling_ratio)
+        if self.neg_sampling is not None and self.neg_sampling.is_triplet() \
+                and edge_label is not None:
+            raise ValueError("'edge_label' cannot be given with triplet "
+                             "negative sampling (PyG refuses it too)")
+        self._label_index_arg = edge_label_index
+        self._label_arg = edge_label
+        super().__init__(data, num_neighbors, None, batch_size, shuffle,
+                         drop_last, replace, seed, transform, pad_batches,
+                         **kwargs)
+
+    # Set-up #################################################################
+
+    def _resolve_input_nodes(self, input_nodes: Optional[Tensor]) -> Tensor:
+        """The inputs are the labelled pairs: their positions are what the
+        base loader batches and shuffles."""
+        shard = self.shard
+        index = self._label_index_arg
+        if index is None:
+            dst = torch.repeat_interleave(
+                torch.arange(shard.node_start,
+                             shard.node_start + shard.num_local_nodes),
+                shard.csc_ptr[1:] - shard.csc_ptr[:-1])
+            index = torch.stack([shard.csc_src, dst])
+        elif isinstance(index, (tuple, list)):
+            if len(index) == 2 and isinstance(index[1], Tensor) and \
+                    not isinstance(index[0], Tensor):
+                raise ValueError("'edge_label_index' with an edge type needs "
+                                 "heterogeneous graphs, which are not "
+                                 "supported")
+            index = torch.stack([torch.as_tensor(t) for t in index])
+        if not isinstance(index, Tensor) or index.dim() != 2 or \
+                index.size(0) != 2:
+            raise ValueError(f"'edge_label_index' must have shape [2, "
+                             f"num_pairs] (got "
+                             f"{list(getattr(index, 'shape', []))})")
+        if index.is_floating_point():
+            raise TypeError("'edge_label_index' must hold integer node ids")
+        index = index.long()
+        if index.numel() and (int(index.min()) < 0 or
+                              int(index.max()) >= shard.num_nodes):
+            raise ValueError(f"'edge_label_index' holds ids outside [0, "
+                             f"{shard.num_nodes}) (the graph's global ids)")
+        label = self._label_arg
+        if label is not None and label.size(0) != index.size(1):
+            raise ValueError(f"'edge_label' has {label.size(0)} entries for "
+                             f"{index.size(1)} pairs")
+        self.edge_label_index, self.edge_label = index, label
+        return torch.arange(index.size(1))
+
+    def _extra_config(self) -> Tuple:
+        neg = self.neg_sampling
+        if neg is None:
+            return (None, )
+        return (neg.mode.value, float(neg.amount), neg.src_weight is not None,
+                neg.dst_weight is not None)
+
+    # One batch ##############################################################
+
+    def _negatives(self, num: int, endpoint: str) -> Tensor:
+        """``num`` node ids drawn over the whole graph (PyG's
+        ``NegativeSampling.sample``, from this loader's generator)."""
+        weight = getattr(self.neg_sampling, f'{endpoint}_weight')
+        if weight is None:
+            return torch.randint(self.shard.num_nodes, (num, ),
+                                 generator=self.generator)
+        if weight.numel() != self.shard.num_nodes:
+            raise ValueError(f"NegativeSampling.{endpoint}_weight has "
+                             f"{weight.numel()} entries; expected one per "
+                             f"global node ({self.shard.num_nodes}), in "
+                             f"partition ids")
+        return torch.multinomial(weight, num, replacement=True,
+                                 generator=self.generator)
+
+    def _batch(self, own: Tensor) -> Data:
+        src, dst = self.edge_label_index[:, own]
+        num_pos = src.numel()
+        label = None
+        neg = self.neg_sampling
+        if neg is None or neg.is_binary():
+            label = self.edge_label[own] if self.edge_label is not None \
+                else None
+        if neg is not None:
+            num_neg = math.ceil(num_pos * neg.amount)
+            if neg.is_binary():
+                src = torch.cat([src, self._negatives(num_neg, 'src')])
+                dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
+                if label is None:
+                    label = torch.ones(num_pos)
+                label = torch.cat(
+                    [label, label.new_zeros((num_neg, *label.shape[1:]))])
+            else:
+                dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
+        seeds, inverse = torch.cat([src, dst]).unique(return_inverse=True)
+        batch = self._sample_round(seeds, own)
+        del batch.batch_size
+        if neg is not None and neg.is_triplet():
+            batch.src_index = inverse[:num_pos]
+            batch.dst_pos_index = inverse[num_pos:2 * num_pos]
+            neg_index = inverse[2 * num_pos:]
+            batch.dst_neg_index = (
+                neg_index.view(num_pos, -1).squeeze(-1) if num_pos else
+                neg_index.new_empty((0, ) if math.ceil(neg.amount) == 1
+                                    else (0, math.ceil(neg.amount))))
+        else:
+            batch.edge_label_index = inverse.view(2, -1)
+            if label is not None:
+                batch.edge_label = label
+        return batch
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(rank={self.rank}/'
+                f'{self.world_size}, num_neighbors={self.num_neighbors}, '
+                f'num_pairs={self.edge_label_index.size(1)}, '
+                f'neg_sampling={self.neg_sampling}, '
+                f'batch_size={self.batch_size}, '
+                f'num_batches={self.num_batches})')
