@@ -130,6 +130,6 @@ def test_link_loader_refusals(parts3):
                                edge_label_index=torch.zeros(3, 2).long())
     # The node loader no longer takes a subgraph type it does not build.
     from torch_geometric.sampler.base import SubgraphType
-    for value in ('bidirectional', SubgraphType.bidirectional, 'induced'):
+    for value in ('induced', SubgraphType.induced):
         with pytest.raises(ValueError, match='subgraph_type'):
             DistNeighborLoader(part, [2], subgraph_type=value)

@@ -9,13 +9,14 @@ round, and lays the result out as PyG's ``LinkNeighborLoader`` does.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
+from pyg_sar.loader.options import LINK_ORDER, PYG_LINK_ORDER, resolve
 
 
 def _negative_sampling(neg_sampling, neg_sampling_ratio):
@@ -76,6 +77,8 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         edge_label (Tensor, optional): One label per pair (binary or no
             negative sampling only).
         edge_label_time: Temporal link sampling is refused (not supported).
+        subgraph_type, device, and PyG's RPC arguments: as for
+            :class:`DistNeighborLoader` (PyG's positional order works too).
         neg_sampling (NegativeSampling, str or dict, optional): PyG's
             negative sampling configuration (``'binary'`` or ``'triplet'``,
             ``amount``, ``src_weight``/``dst_weight`` over all global
@@ -86,38 +89,20 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         pad_batches, **kwargs: as for :class:`DistNeighborLoader`.
     """
 
-    def __init__(
-        self,
-        data: Any,
-        num_neighbors: Sequence[int],
-        edge_label_index: Optional[Union[Tensor, Tuple]] = None,
-        edge_label: Optional[Tensor] = None,
-        edge_label_time: Optional[Tensor] = None,
-        neg_sampling: Any = None,
-        neg_sampling_ratio: Optional[float] = None,
-        batch_size: int = 1,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        replace: bool = False,
-        seed: Optional[int] = None,
-        transform: Optional[Callable[[Data], Data]] = None,
-        pad_batches: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if edge_label_time is not None or kwargs.get('time_attr') is not None:
-            raise ValueError("DistLinkNeighborLoader does not support "
-                             "temporal sampling (edge_label_time/time_attr)")
-        self.neg_sampling = _negative_sampling(neg_sampling,
-                                               neg_sampling_ratio)
+    def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,
+                 **kwargs: Any) -> None:
+        options = resolve(type(self).__name__, args, kwargs, LINK_ORDER,
+                          PYG_LINK_ORDER)
+        options.pop('edge_label_time')  # refused by resolve unless None
+        self.neg_sampling = _negative_sampling(
+            options.pop('neg_sampling'), options.pop('neg_sampling_ratio'))
+        self._label_index_arg = options.pop('edge_label_index')
+        self._label_arg = options.pop('edge_label')
         if self.neg_sampling is not None and self.neg_sampling.is_triplet() \
-                and edge_label is not None:
+                and self._label_arg is not None:
             raise ValueError("'edge_label' cannot be given with triplet "
                              "negative sampling (PyG refuses it too)")
-        self._label_index_arg = edge_label_index
-        self._label_arg = edge_label
-        super().__init__(data, num_neighbors, None, batch_size, shuffle,
-                         drop_last, replace, seed, transform, pad_batches,
-                         **kwargs)
+        self._setup(data, num_neighbors, **options)
 
     # Set-up #################################################################
 

@@ -30,15 +30,10 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar import comm
+from pyg_sar.loader.options import NODE_ORDER, PYG_NODE_ORDER, resolve
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
 _INT32_MAX = torch.iinfo(torch.int32).max
-
-# DataLoader/NeighborLoader keyword arguments that are accepted for drop-in
-# compatibility. The value each must have is checked in `_check_kwargs`.
-_IGNORED_KWARGS = ('pin_memory', 'persistent_workers', 'prefetch_factor',
-                   'filter_per_worker', 'timeout', 'is_sorted')
-
 
 class _Shard:
     """What the loader needs of one part: ownership, the local CSC and the
@@ -188,34 +183,46 @@ class DistNeighborLoader:
         transform (Callable[[Data], Data], optional): Applied to every batch.
         pad_batches (bool): Yield :attr:`num_global_batches` batches on
             every rank, padding with empty ones (see above).
-        **kwargs: DataLoader/NeighborLoader options accepted for drop-in
-            use: ``num_workers`` (must be 0: sampling is collective and runs
-            in the training process), ``directed`` (must be ``True``),
-            ``disjoint`` (must be ``False``), ``subgraph_type`` (must be
-            ``"directional"``), and ``pin_memory``, ``persistent_workers``,
-            ``prefetch_factor``, ``filter_per_worker``, ``timeout``,
-            ``is_sorted`` (no effect).
+        subgraph_type (str): ``"directional"`` (the sampled edges) or
+            ``"bidirectional"`` (plus their reverses, coalesced, as PyG
+            does; ``num_sampled_nodes``/``num_sampled_edges`` are then
+            dropped, as in PyG).
+        device (torch.device, optional): Batches are moved there.
+        **kwargs: PyG's other arguments (:mod:`pyg_sar.loader.options`):
+            ``master_addr``, ``master_port``, ``current_ctx`` (its rank and
+            world size must match the process group), ``concurrency``,
+            ``num_rpc_threads``, ``async_sampling`` configure PyG's RPC and
+            have no effect here; ``num_workers`` must be 0 (sampling is a
+            collective in the training process); temporal sampling,
+            ``weight_attr``, ``disjoint=True``, ``dist_sampler`` and
+            ``subgraph_type="induced"`` are refused; ``pin_memory``,
+            ``persistent_workers``, ``prefetch_factor``,
+            ``filter_per_worker``, ``timeout``, ``is_sorted`` have no
+            effect.
+
+    PyG's call, argument for argument, also works:
+    ``DistNeighborLoader(data, num_neighbors, master_addr, master_port,
+    current_ctx, input_nodes, ...)`` (a string third argument selects PyG's
+    positional order).
 
     Memory: besides its part, every rank holds two ``int32`` maps over the
     ``num_nodes`` global ids (8 bytes per node) that relabel a batch in
     O(batch) time, without sorting.
     """
 
-    def __init__(
-        self,
-        data: Any,
-        num_neighbors: Sequence[int],
-        input_nodes: Optional[Tensor] = None,
-        batch_size: int = 1,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        replace: bool = False,
-        seed: Optional[int] = None,
-        transform: Optional[Callable[[Data], Data]] = None,
-        pad_batches: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        _check_kwargs(kwargs)
+    def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,
+                 **kwargs: Any) -> None:
+        self._setup(data, num_neighbors, **resolve(
+            type(self).__name__, args, kwargs, NODE_ORDER, PYG_NODE_ORDER))
+
+    def _setup(self, data: Any, num_neighbors: Sequence[int],
+               input_nodes: Optional[Tensor] = None, batch_size: int = 1,
+               shuffle: bool = False, drop_last: bool = False,
+               replace: bool = False, seed: Optional[int] = None,
+               transform: Optional[Callable[[Data], Data]] = None,
+               pad_batches: bool = False,
+               subgraph_type: str = 'directional',
+               device: Optional[torch.device] = None) -> None:
         self.shard = _to_shard(data)
         self.num_neighbors = _check_num_neighbors(num_neighbors)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
@@ -231,6 +238,8 @@ class DistNeighborLoader:
         self.replace = bool(replace)
         self.transform = transform
         self.pad_batches = bool(pad_batches)
+        self.bidirectional = subgraph_type == 'bidirectional'
+        self.device = None if device is None else torch.device(device)
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
         self.input_nodes = self._resolve_input_nodes(input_nodes)
@@ -311,7 +320,8 @@ class DistNeighborLoader:
                 f"part r on rank r")
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
                   self.pad_batches, _schema(shard.node_attrs),
-                  _schema(shard.edge_attrs), self._extra_config())
+                  _schema(shard.edge_attrs), self.bidirectional,
+                  self._extra_config())
         everyone = comm.all_gather_object((config, self.num_batches))
         for other_rank, (other, _) in enumerate(everyone):
             if other != config:
@@ -365,6 +375,8 @@ class DistNeighborLoader:
                 own = positions[:0]
             batch = self._batch(own)
             if own.numel() > 0 or self.pad_batches:
+                if self.device is not None:
+                    batch = batch.to(self.device)
                 yield self.transform(batch) if self.transform else batch
         self._epoch_running = False
 
@@ -406,11 +418,15 @@ class DistNeighborLoader:
         e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)
         node_values, edge_values = self._fetch_attributes(
             n_id, e_id, n_id[edge_index[1]])
+        counts = dict(num_sampled_nodes=num_sampled_nodes,
+                      num_sampled_edges=num_sampled_edges)
+        if self.bidirectional:
+            edge_index, e_id, edge_values = _bidirectional(
+                edge_index, e_id, edge_values)
+            counts = {}  # as PyG: no per-hop counts for the merged edges
         return Data(edge_index=edge_index, n_id=n_id, e_id=e_id,
                     input_id=input_id, batch_size=int(seeds.numel()),
-                    num_sampled_nodes=num_sampled_nodes,
-                    num_sampled_edges=num_sampled_edges, **node_values,
-                    **edge_values)
+                    **counts, **node_values, **edge_values)
 
     def _exchange_hop(self, frontier: Tensor,
                       fanout: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -549,6 +565,22 @@ class DistNeighborLoader:
                 f'num_global_batches={self.num_global_batches})')
 
 
+def _bidirectional(edge_index: Tensor, e_id: Tensor,
+                   edge_values: Dict[str, Tensor]
+                   ) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+    """The sampled edges plus their reverses, coalesced by PyG's own
+    ``to_bidirectional``; edge attributes follow their edge ids."""
+    from torch_geometric.sampler.utils import to_bidirectional
+    row, col = edge_index
+    new_row, new_col, new_eid = to_bidirectional(row, col, row, col, e_id,
+                                                 e_id)
+    order = torch.argsort(e_id)
+    at = order[torch.searchsorted(e_id[order], new_eid)] if e_id.numel() \
+        else new_eid
+    return (torch.stack([new_row, new_col]), new_eid,
+            {k: v[at] for k, v in edge_values.items()})
+
+
 def _first_seen_absent(ids: Tensor, index: Tensor,
                        first_position: Tensor) -> Tensor:
     """The distinct ``ids`` with ``index[id] < 0``, in order of first
@@ -612,20 +644,3 @@ def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
                              f"or -1 for all neighbors (got {fanout!r})")
         out.append(int(fanout))
     return out
-
-
-def _check_kwargs(kwargs: Dict[str, Any]) -> None:
-    required = {'num_workers': 0, 'directed': True, 'disjoint': False,
-                'subgraph_type': 'directional'}
-    for key, value in kwargs.items():
-        if key in required:
-            # PyG's SubgraphType enum or its value.
-            if getattr(value, 'value', value) != required[key]:
-                raise ValueError(
-                    f"DistNeighborLoader supports only {key}="
-                    f"{required[key]!r} (got {value!r})" +
-                    ('; sampling is a collective and runs in the training '
-                     'process' if key == 'num_workers' else ''))
-        elif key not in _IGNORED_KWARGS:
-            raise TypeError(f"DistNeighborLoader got an unexpected keyword "
-                            f"argument '{key}'")

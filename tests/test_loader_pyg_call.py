@@ -1,0 +1,126 @@
+"""PyG's distributed-loader call, argument for argument, and the batch-
+changing arguments: bidirectional subgraphs are built, the rest refused
+by name."""
+import pytest
+import torch
+from torch_geometric.distributed import DistContext
+
+from pyg_sar import datasets, load_partition, partition_graph
+from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
+from tests._dist import run_workers
+from tests.test_loader import _reference
+
+FANOUTS = [3, 2]
+
+
+def _context(rank, world_size):
+    return DistContext(rank=rank, global_rank=rank, world_size=world_size,
+                       global_world_size=world_size, group_name='test')
+
+
+@pytest.fixture(scope='module')
+def one_part(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('pygcall') / 'one')
+    data = datasets.synthetic_graph(200, 5, 4, 3, seed=4)
+    data.edge_attr = torch.randn(data.num_edges, 2)
+    partition_graph(data, 1, root)
+    return root
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for key in a.keys():
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def test_pyg_positional_and_keyword_calls_equal_ours(one_part):
+    part = load_partition(one_part, 0)
+    mask = part.train_mask
+    ours = list(DistNeighborLoader(part, FANOUTS, mask, 16, True, seed=5))
+    # torch_geometric.distributed.DistNeighborLoader's positional order.
+    theirs = list(DistNeighborLoader(
+        part, FANOUTS, 'localhost', 12345, _context(0, 1), mask, None, None,
+        False, 'directional', False, 'uniform', None, None, 4, 16, False,
+        True, torch.device('cpu'), batch_size=16, shuffle=True, seed=5,
+        num_workers=0, persistent_workers=False))
+    # ... and by keyword, as PyG's distributed example calls it.
+    keywords = list(DistNeighborLoader(
+        data=part, input_nodes=mask, current_ctx=_context(0, 1),
+        device=torch.device('cpu'), num_neighbors=FANOUTS, shuffle=True,
+        drop_last=False, persistent_workers=False, batch_size=16,
+        num_workers=0, master_addr='localhost', master_port=12346,
+        concurrency=2, async_sampling=True, seed=5))
+    assert len(ours) == len(theirs) == len(keywords) > 1
+    for a, b, c in zip(ours, theirs, keywords):
+        _same(a, b)
+        _same(a, c)
+    links = list(DistLinkNeighborLoader(
+        part, FANOUTS, 'localhost', 12345, _context(0, 1),
+        part.edge_index[:, :30], None, None, None, False, 'directional',
+        False, 'uniform', 'binary', batch_size=10, seed=1))
+    assert len(links) == 3 and all(b.edge_label.numel() == 20 for b in links)
+
+
+def test_pyg_arguments_that_change_batches_are_refused(one_part):
+    part = load_partition(one_part, 0)
+    cases = [
+        (dict(current_ctx=_context(1, 2)), 'current_ctx says rank 1 of 2'),
+        (dict(dist_sampler=object()), 'dist_sampler'),
+        (dict(input_time=torch.zeros(3)), r'temporal sampling \(input_time'),
+        (dict(time_attr='time'), r'temporal sampling \(time_attr'),
+        (dict(temporal_strategy='last'), 'temporal_strategy'),
+        (dict(weight_attr='w'), 'weight_attr'),
+        (dict(disjoint=True), 'disjoint=True'),
+        (dict(subgraph_type='induced'), 'subgraph_type'),
+        (dict(concurrency=0), 'concurrency'),
+        (dict(master_port='x'), 'master_port'),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            DistNeighborLoader(part, FANOUTS, **kwargs)
+    with pytest.raises(TypeError, match="multiple values for argument "
+                       "'input_nodes'"):
+        DistNeighborLoader(part, FANOUTS, None, input_nodes=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument "
+                       "'edge_label'"):
+        DistNeighborLoader(part, FANOUTS, edge_label=None)
+
+
+def _bidirectional(rank, world_size, root):
+    ref = _reference(root, world_size)
+    part = load_partition(root, rank)
+    loader = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2,
+                                subgraph_type='bidirectional')
+    plain = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2)
+    checked = 0
+    for batch, directed in zip(loader, plain):
+        n_id = batch.n_id
+        assert torch.equal(n_id, directed.n_id)
+        assert 'num_sampled_nodes' not in batch
+        pairs = set(map(tuple, batch.edge_index.t().tolist()))
+        # Every sampled edge, its reverse, and nothing else.
+        expected = set(map(tuple, directed.edge_index.t().tolist()))
+        expected |= {(c, r) for r, c in expected}
+        assert pairs == expected
+        # Edge ids and attributes follow: each edge is a sampled edge in
+        # one of its two directions.
+        src, dst = n_id[batch.edge_index]
+        forward = (ref['src'][batch.e_id] == src) & \
+            (ref['dst'][batch.e_id] == dst)
+        backward = (ref['src'][batch.e_id] == dst) & \
+            (ref['dst'][batch.e_id] == src)
+        assert bool((forward | backward).all())
+        assert torch.equal(batch.edge_attr, ref['edge_attr'][batch.e_id])
+        checked += 1
+    return checked
+
+
+def test_bidirectional_subgraphs(tmp_path):
+    root = str(tmp_path / 'three')
+    data = datasets.synthetic_graph(240, 5, 4, 3, seed=6)
+    data.edge_attr = torch.randn(data.num_edges, 2)
+    partition_graph(data, 3, root)
+    assert sum(run_workers(_bidirectional, 3, root, timeout_s=60)) > 3
