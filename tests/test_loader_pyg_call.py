@@ -72,7 +72,7 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
         (dict(input_time=torch.zeros(3)), r'temporal sampling \(input_time'),
         (dict(time_attr='time'), r'temporal sampling \(time_attr'),
         (dict(temporal_strategy='last'), 'temporal_strategy'),
-        (dict(weight_attr='w'), 'weight_attr'),
+        (dict(weight_attr='w'), "weight_attr 'w' is not an edge attr"),
         (dict(disjoint=True), 'disjoint=True'),
         (dict(subgraph_type='induced'), 'subgraph_type'),
         (dict(concurrency=0), 'concurrency'),
@@ -124,3 +124,39 @@ def test_bidirectional_subgraphs(tmp_path):
     data.edge_attr = torch.randn(data.num_edges, 2)
     partition_graph(data, 3, root)
     assert sum(run_workers(_bidirectional, 3, root, timeout_s=60)) > 3
+
+
+def test_weight_attr_samples_in_proportion(tmp_path):
+    from torch_geometric.data import Data
+    # Node 0's in-edges come from 1..4 with weights 0, 1, 3, 6; a chain
+    # 1 <- 2 <- 3 <- 4 <- 5 gives the second hop something to sample.
+    src = torch.tensor([1, 2, 3, 4, 2, 3, 4, 5])
+    dst = torch.tensor([0, 0, 0, 0, 1, 2, 3, 4])
+    w = torch.tensor([0., 1., 3., 6., 1., 0., 1., 1.])
+    data = Data(x=torch.randn(6, 2), edge_index=torch.stack([src, dst]),
+                w=w, num_nodes=6)
+    root = str(tmp_path / 'w')
+    partition_graph(data, 1, root)
+    part = load_partition(root, 0)
+    node0 = int((part.orig_ids == 0).nonzero())
+    loader = DistNeighborLoader(part, [1, -1], input_nodes=torch.tensor(
+        [node0]), batch_size=1, seed=0, weight_attr='w')
+    picks = torch.zeros(6)
+    for _ in range(3000):
+        (batch, ) = list(loader)
+        assert batch.num_sampled_edges[0] == 1
+        picks[part.orig_ids[batch.n_id[batch.edge_index[0, :1]]]] += 1
+        # The zero-weight edge 1 -> 0 is never drawn; all=-1 takes every
+        # in-edge, zero weights included (as PyG's -1).
+        assert float(batch.w[0]) > 0
+    share = picks[2:5] / picks.sum()
+    assert picks[1] == 0
+    torch.testing.assert_close(share, torch.tensor([.1, .3, .6]),
+                               atol=0.03, rtol=0)
+    # fanout 2 without replacement: both picks distinct and positive.
+    loader = DistNeighborLoader(part, [2], input_nodes=torch.tensor([node0]),
+                                seed=1, weight_attr='w')
+    for _ in range(50):
+        (batch, ) = list(loader)
+        assert batch.e_id.numel() == 2 and bool((batch.w > 0).all())
+        assert batch.e_id.unique().numel() == 2

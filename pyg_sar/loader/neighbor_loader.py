@@ -31,104 +31,10 @@ from torch_geometric.data import Data
 
 from pyg_sar import comm
 from pyg_sar.loader.options import NODE_ORDER, PYG_NODE_ORDER, resolve
+from pyg_sar.loader.shard import edge_weight, schema, to_shard
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
 _INT32_MAX = torch.iinfo(torch.int32).max
-
-class _Shard:
-    """What the loader needs of one part: ownership, the local CSC and the
-    local node and edge attributes (rows in local / CSC order)."""
-
-    def __init__(self, rank: int, num_parts: int, num_nodes: int,
-                 node_ptr: Tensor, csc_ptr: Tensor, csc_src: Tensor,
-                 csc_eid: Tensor, node_attrs: Dict[str, Tensor],
-                 edge_attrs: Dict[str, Tensor], fingerprint: str) -> None:
-        self.rank = rank
-        self.num_parts = num_parts
-        self.num_nodes = num_nodes
-        self.node_ptr = node_ptr.to(torch.long)
-        self.node_start = int(node_ptr[rank])
-        self.num_local_nodes = int(node_ptr[rank + 1]) - self.node_start
-        self.csc_ptr = csc_ptr.to(torch.long)
-        self.csc_src = csc_src.to(torch.long)
-        self.csc_eid = csc_eid.to(torch.long)
-        self.node_attrs = node_attrs
-        self.edge_attrs = edge_attrs
-        self.fingerprint = fingerprint
-        self._eid_sorted: Optional[Tuple[Tensor, Tensor]] = None
-
-    @classmethod
-    def from_partition(cls, part) -> '_Shard':
-        return cls(int(part.rank), int(part.num_parts), int(part.num_nodes),
-                   part.node_ptr, part.csc_ptr, part.csc_src, part.csc_eid,
-                   dict(part.node_attrs), dict(part.edge_attrs),
-                   str(part.fingerprint))
-
-    @classmethod
-    def from_stores(cls, feature_store, graph_store) -> '_Shard':
-        """Reads a part through PyG's ``LocalFeatureStore`` and
-        ``LocalGraphStore`` (as loaded by their ``from_partition`` from a
-        pyg_sar partition)."""
-        if graph_store.meta.get('is_hetero'):
-            raise ValueError('DistNeighborLoader supports homogeneous graphs '
-                             'only (the stores hold a heterogeneous one)')
-        rank = int(graph_store.partition_idx)
-        num_parts = int(graph_store.num_partitions)
-        node_owner = graph_store.node_pb.to(torch.long)
-        num_nodes = node_owner.numel()
-        if bool((node_owner[1:] < node_owner[:-1]).any()):
-            raise ValueError(
-                'the stores do not come from a pyg_sar partition: nodes are '
-                'not owned in contiguous id ranges (partition the graph with '
-                'pyg_sar.partition_graph)')
-        node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-        node_ptr[1:] = torch.cumsum(
-            torch.bincount(node_owner, minlength=num_parts), 0)
-        start, end = int(node_ptr[rank]), int(node_ptr[rank + 1])
-
-        edge_attr = graph_store.get_all_edge_attrs()[0]
-        src, dst = graph_store.get_edge_index(edge_attr)
-        eid = graph_store.get_edge_id(edge_attr)
-        order = torch.argsort(dst, stable=True)  # CSC: by destination
-        src, dst, eid = src[order], dst[order], eid[order]
-        if dst.numel() and (int(dst.min()) < start or int(dst.max()) >= end):
-            raise ValueError(f'graph store of part {rank} holds edges into '
-                             f'nodes it does not own')
-        csc_ptr = torch.zeros(end - start + 1, dtype=torch.long)
-        csc_ptr[1:] = torch.cumsum(
-            torch.bincount(dst - start, minlength=end - start), 0)
-
-        global_ids = feature_store.get_global_id(None)
-        if not torch.equal(global_ids.to(torch.long),
-                           torch.arange(start, end)):
-            raise ValueError(f'feature store of part {rank} does not hold '
-                             f'nodes {start}..{end - 1} in order')
-        node_attrs = {}
-        for attr in feature_store.get_all_tensor_attrs():
-            if attr.group_name is None:
-                node_attrs[attr.attr_name] = feature_store.get_tensor(
-                    None, attr.attr_name)
-        fingerprint = f'stores:{num_nodes}:{node_ptr.tolist()}'
-        return cls(rank, num_parts, num_nodes, node_ptr, csc_ptr, src, eid,
-                   node_attrs, {}, fingerprint)
-
-    def owner(self, ids: Tensor) -> Tensor:
-        """The part owning each global node id."""
-        return torch.searchsorted(self.node_ptr, ids, right=True) - 1
-
-    def edge_rows(self, edge_ids: Tensor) -> Tensor:
-        """CSC positions (edge-attribute rows) of local global edge ids."""
-        if self._eid_sorted is None:
-            self._eid_sorted = torch.sort(self.csc_eid)
-        values, positions = self._eid_sorted
-        return positions[torch.searchsorted(values, edge_ids)]
-
-
-def _schema(attrs: Dict[str, Tensor]) -> List[Tuple[str, Tuple[int, ...],
-                                                     str]]:
-    return [(name, tuple(value.shape[1:]), str(value.dtype))
-            for name, value in attrs.items()]
-
 
 class DistNeighborLoader:
     r"""Mini-batches of sampled neighborhoods of a partitioned graph, drawn
@@ -188,13 +94,16 @@ class DistNeighborLoader:
             does; ``num_sampled_nodes``/``num_sampled_edges`` are then
             dropped, as in PyG).
         device (torch.device, optional): Batches are moved there.
+        weight_attr (str, optional): An edge attribute of the part: edges
+            are sampled in proportion to it (zero: never), as PyG's
+            ``weight_attr``.
         **kwargs: PyG's other arguments (:mod:`pyg_sar.loader.options`):
             ``master_addr``, ``master_port``, ``current_ctx`` (its rank and
             world size must match the process group), ``concurrency``,
             ``num_rpc_threads``, ``async_sampling`` configure PyG's RPC and
             have no effect here; ``num_workers`` must be 0 (sampling is a
             collective in the training process); temporal sampling,
-            ``weight_attr``, ``disjoint=True``, ``dist_sampler`` and
+            ``disjoint=True``, ``dist_sampler`` and
             ``subgraph_type="induced"`` are refused; ``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``,
             ``filter_per_worker``, ``timeout``, ``is_sorted`` have no
@@ -222,8 +131,9 @@ class DistNeighborLoader:
                transform: Optional[Callable[[Data], Data]] = None,
                pad_batches: bool = False,
                subgraph_type: str = 'directional',
-               device: Optional[torch.device] = None) -> None:
-        self.shard = _to_shard(data)
+               device: Optional[torch.device] = None,
+               weight_attr: Optional[str] = None) -> None:
+        self.shard = to_shard(data)
         self.num_neighbors = _check_num_neighbors(num_neighbors)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
                 or batch_size < 1:
@@ -239,6 +149,8 @@ class DistNeighborLoader:
         self.transform = transform
         self.pad_batches = bool(pad_batches)
         self.bidirectional = subgraph_type == 'bidirectional'
+        self.weight_attr = weight_attr
+        self.edge_weight = edge_weight(self.shard, weight_attr)
         self.device = None if device is None else torch.device(device)
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
@@ -319,9 +231,9 @@ class DistNeighborLoader:
                 f"{shard.num_parts}; launch one worker per part and load "
                 f"part r on rank r")
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
-                  self.pad_batches, _schema(shard.node_attrs),
-                  _schema(shard.edge_attrs), self.bidirectional,
-                  self._extra_config())
+                  self.pad_batches, schema(shard.node_attrs),
+                  schema(shard.edge_attrs), self.bidirectional,
+                  self.weight_attr, self._extra_config())
         everyone = comm.all_gather_object((config, self.num_batches))
         for other_rank, (other, _) in enumerate(everyone):
             if other != config:
@@ -444,7 +356,7 @@ class DistNeighborLoader:
         local_targets = torch.cat(received) - shard.node_start
         counts, positions = sample_neighbors(shard.csc_ptr, local_targets,
                                              fanout, self.replace,
-                                             self.generator)
+                                             self.generator, self.edge_weight)
         sources, edge_ids = shard.csc_src[positions], shard.csc_eid[positions]
         counts_per_peer = counts.split(received_counts)
         edges_per_peer = [int(c.sum()) for c in counts_per_peer]
@@ -607,25 +519,6 @@ def _group_by_owner(owner: Tensor, world_size: int) -> Tuple[Tensor,
         return torch.arange(owner.numel()), [owner.numel()]
     groups = [(owner == q).nonzero().view(-1) for q in range(world_size)]
     return torch.cat(groups), [g.numel() for g in groups]
-
-
-def _to_shard(data: Any) -> _Shard:
-    from pyg_sar.partition import Partition
-    if isinstance(data, Partition):
-        return _Shard.from_partition(data)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        from torch_geometric.distributed import (LocalFeatureStore,
-                                                 LocalGraphStore)
-        feature_store, graph_store = data
-        if isinstance(feature_store, LocalGraphStore) and isinstance(
-                graph_store, LocalFeatureStore):
-            feature_store, graph_store = graph_store, feature_store
-        if isinstance(feature_store, LocalFeatureStore) and isinstance(
-                graph_store, LocalGraphStore):
-            return _Shard.from_stores(feature_store, graph_store)
-    raise TypeError(f"'data' must be a pyg_sar.Partition or a "
-                    f"(LocalFeatureStore, LocalGraphStore) pair (got "
-                    f"{type(data).__name__})")
 
 
 def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:

@@ -36,7 +36,7 @@ DEFAULTS: Dict[str, Any] = dict(
     replace=False, seed=None, transform=None, pad_batches=False,
     edge_label_index=None, edge_label=None, edge_label_time=None,
     neg_sampling=None, neg_sampling_ratio=None, subgraph_type='directional',
-    device=None)
+    device=None, weight_attr=None)
 
 # PyG's RPC settings: checked, then without effect (no RPC here).
 _RPC = ('master_addr', 'master_port', 'current_ctx', 'concurrency',
@@ -66,12 +66,13 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
         options[key] = value
     _check_rpc(name, options)
     _check_unsupported(name, options)
-    known = set(order) | {'subgraph_type', 'device'}
+    known = set(order) | {'subgraph_type', 'device', 'weight_attr'}
     for key in options:
         if key not in known:
             raise TypeError(f"{name} got an unexpected keyword argument "
                             f"'{key}'")
-    return {**{k: DEFAULTS[k] for k in order + ('subgraph_type', 'device')},
+    return {**{k: DEFAULTS[k] for k in order + ('subgraph_type', 'device',
+                                                 'weight_attr')},
             **options}
 
 
@@ -119,9 +120,6 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
     if strategy != 'uniform':
         raise ValueError(f"{name}: temporal_strategy={strategy!r} needs "
                          f"temporal sampling, which is not supported")
-    if options.pop('weight_attr', None) is not None:
-        raise ValueError(f"{name}: weighted sampling (weight_attr) is not "
-                         f"supported")
     if options.pop('disjoint', False):
         raise ValueError(f"{name}: disjoint=True is not supported (every "
                          f"batch is one subgraph)")

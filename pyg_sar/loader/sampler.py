@@ -1,4 +1,4 @@
-"""Vectorized uniform neighbor sampling over a CSC adjacency.
+"""Vectorized uniform (or weighted) neighbor sampling over a CSC adjacency.
 
 Everything here is plain PyTorch on whole tensors: there is no Python loop
 over nodes or edges, so the kernel needs neither pyg-lib nor torch_sparse.
@@ -83,12 +83,58 @@ def _sample_by_rejection(starts: Tensor, degrees: Tensor, fanout: int,
     return (starts.unsqueeze(1) + offsets).view(-1)
 
 
+def _sample_weighted(starts: Tensor, degrees: Tensor, fanout: int,
+                     replace: bool, weight: Tensor,
+                     generator: Optional[torch.Generator]
+                     ) -> Tuple[Tensor, Tensor]:
+    """Weighted sampling: an edge's chance is proportional to its weight
+    (weight 0: never sampled). With replacement every target with positive
+    total weight gets ``fanout`` independent draws; without, ``min(number
+    of positive-weight edges, fanout)`` distinct edges, drawn one after the
+    other in proportion to the remaining weights (Efraimidis-Spirakis keys
+    ``log(u) / w``, the largest win; one segmented sort)."""
+    candidates = _ranges(starts, degrees)
+    w = weight[candidates].to(torch.float64)
+    segment = torch.repeat_interleave(torch.arange(degrees.numel()), degrees)
+    positive = torch.zeros(degrees.numel(), dtype=torch.long).index_add_(
+        0, segment, (w > 0).long())
+    if replace:
+        counts = torch.where(positive > 0, fanout, 0)
+        cum = torch.cumsum(w, 0)
+        seg_end = torch.cumsum(degrees, 0)
+        seg_lo = torch.cat([cum.new_zeros(1), cum])[seg_end - degrees]
+        seg_hi = torch.cat([cum.new_zeros(1), cum])[seg_end]
+        total = int(counts.sum())
+        lo = torch.repeat_interleave(seg_lo, counts, output_size=total)
+        hi = torch.repeat_interleave(seg_hi, counts, output_size=total)
+        draw = lo + torch.rand(total, generator=generator,
+                               dtype=torch.float64) * (hi - lo)
+        picked = torch.searchsorted(cum, draw, right=True)
+        # Rounding at a segment's end: stay on its last positive edge.
+        last = torch.repeat_interleave(seg_end - 1, counts,
+                                       output_size=total)
+        picked = torch.minimum(picked, last)
+        return counts, candidates[picked]
+    counts = positive.clamp(max=fanout)
+    u = torch.rand(w.numel(), generator=generator, dtype=torch.float64)
+    keys = torch.where(w > 0, torch.log(u) / w,
+                       torch.full_like(w, -float('inf')))
+    # Sort by key (descending), then stably by target: each target's edges
+    # end up contiguous, best key first.
+    by_key = torch.argsort(keys, descending=True, stable=True)
+    order = by_key[torch.argsort(segment[by_key], stable=True)]
+    seg_start = torch.cumsum(degrees, 0) - degrees
+    chosen = order[_ranges(seg_start, counts)]
+    return counts, candidates[chosen]
+
+
 def sample_neighbors(
     ptr: Tensor,
     targets: Tensor,
     fanout: int,
     replace: bool = False,
     generator: Optional[torch.Generator] = None,
+    weight: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Samples in-edges of ``targets`` uniformly from a CSC adjacency.
 
@@ -103,6 +149,10 @@ def sample_neighbors(
             replacement a target gets ``min(in_degree, fanout)`` distinct
             edges.
         generator (torch.Generator, optional): Source of randomness.
+        weight (Tensor, optional): A non-negative weight per CSC position:
+            edges are drawn in proportion to it (PyG's ``weight_attr``);
+            zero-weight edges are never drawn. ``fanout=-1`` still takes
+            every in-edge.
 
     Returns:
         ``(counts, positions)``: ``counts[i]`` (LongTensor ``[num_targets]``)
@@ -115,6 +165,9 @@ def sample_neighbors(
     degrees = ptr[targets + 1] - starts
     if fanout < 0:
         return degrees, _ranges(starts, degrees)
+    if weight is not None:
+        return _sample_weighted(starts, degrees, fanout, replace, weight,
+                                generator)
     if replace:
         counts = torch.where(degrees > 0, fanout, 0)
         total = int(counts.sum())
