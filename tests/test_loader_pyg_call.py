@@ -73,7 +73,6 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
         (dict(time_attr='time'), r'temporal sampling \(time_attr'),
         (dict(temporal_strategy='last'), 'temporal_strategy'),
         (dict(weight_attr='w'), "weight_attr 'w' is not an edge attr"),
-        (dict(disjoint=True), 'disjoint=True'),
         (dict(subgraph_type='induced'), 'subgraph_type'),
         (dict(concurrency=0), 'concurrency'),
         (dict(master_port='x'), 'master_port'),
@@ -160,3 +159,45 @@ def test_weight_attr_samples_in_proportion(tmp_path):
         (batch, ) = list(loader)
         assert batch.e_id.numel() == 2 and bool((batch.w > 0).all())
         assert batch.e_id.unique().numel() == 2
+
+
+def _disjoint(rank, world_size, root):
+    ref = _reference(root, world_size)
+    part = load_partition(root, rank)
+    loader = DistNeighborLoader(part, FANOUTS, batch_size=6, seed=3,
+                                disjoint=True, shuffle=True)
+    checked = 0
+    for batch in loader:
+        n_id, tree = batch.n_id, batch.batch
+        bs = batch.batch_size
+        row, col = batch.edge_index
+        assert torch.equal(n_id[:bs], loader.input_nodes[batch.input_id])
+        assert torch.equal(tree[:bs], torch.arange(bs))
+        # Every node is in one subtree once; edges stay inside subtrees.
+        keys = tree * part.num_nodes + n_id
+        assert keys.unique().numel() == keys.numel()
+        assert torch.equal(tree[row], tree[col])
+        assert torch.equal(ref['src'][batch.e_id], n_id[row])
+        assert torch.equal(ref['dst'][batch.e_id], n_id[col])
+        assert torch.equal(batch.x, ref['x'][n_id])
+        # Fanouts per hop, per subtree copy of a node.
+        start, edge_start = 0, 0
+        for hop, fanout in enumerate(FANOUTS):
+            count = batch.num_sampled_nodes[hop]
+            num_edges = batch.num_sampled_edges[hop]
+            hop_col = col[edge_start:edge_start + num_edges] - start
+            degree = ref['in_degree'][n_id[start:start + count]]
+            assert torch.equal(torch.bincount(hop_col, minlength=count),
+                               degree.clamp(max=fanout))
+            start += count
+            edge_start += num_edges
+        checked += 1
+    return checked
+
+
+def test_disjoint_subtrees(tmp_path):
+    root = str(tmp_path / 'three')
+    data = datasets.synthetic_graph(150, 6, 4, 3, seed=8)
+    data.edge_attr = torch.randn(data.num_edges, 2)
+    partition_graph(data, 3, root)
+    assert sum(run_workers(_disjoint, 3, root, timeout_s=60)) > 3

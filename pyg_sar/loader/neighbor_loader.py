@@ -94,6 +94,8 @@ class DistNeighborLoader:
             does; ``num_sampled_nodes``/``num_sampled_edges`` are then
             dropped, as in PyG).
         device (torch.device, optional): Batches are moved there.
+        disjoint (bool): Every seed gets its own subtree (nodes repeat
+            across subtrees); ``batch`` gives each node's seed, as in PyG.
         weight_attr (str, optional): An edge attribute of the part: edges
             are sampled in proportion to it (zero: never), as PyG's
             ``weight_attr``.
@@ -103,7 +105,7 @@ class DistNeighborLoader:
             ``num_rpc_threads``, ``async_sampling`` configure PyG's RPC and
             have no effect here; ``num_workers`` must be 0 (sampling is a
             collective in the training process); temporal sampling,
-            ``disjoint=True``, ``dist_sampler`` and
+            ``dist_sampler`` and
             ``subgraph_type="induced"`` are refused; ``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``,
             ``filter_per_worker``, ``timeout``, ``is_sorted`` have no
@@ -132,7 +134,8 @@ class DistNeighborLoader:
                pad_batches: bool = False,
                subgraph_type: str = 'directional',
                device: Optional[torch.device] = None,
-               weight_attr: Optional[str] = None) -> None:
+               weight_attr: Optional[str] = None,
+               disjoint: bool = False) -> None:
         self.shard = to_shard(data)
         self.num_neighbors = _check_num_neighbors(num_neighbors)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
@@ -149,6 +152,7 @@ class DistNeighborLoader:
         self.transform = transform
         self.pad_batches = bool(pad_batches)
         self.bidirectional = subgraph_type == 'bidirectional'
+        self.disjoint = bool(disjoint)
         self.weight_attr = weight_attr
         self.edge_weight = edge_weight(self.shard, weight_attr)
         self.device = None if device is None else torch.device(device)
@@ -233,7 +237,7 @@ class DistNeighborLoader:
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
                   self.pad_batches, schema(shard.node_attrs),
                   schema(shard.edge_attrs), self.bidirectional,
-                  self.weight_attr, self._extra_config())
+                  self.weight_attr, self.disjoint, self._extra_config())
         everyone = comm.all_gather_object((config, self.num_batches))
         for other_rank, (other, _) in enumerate(everyone):
             if other != config:
@@ -297,6 +301,9 @@ class DistNeighborLoader:
     def _sample_round(self, seeds: Tensor, input_id: Tensor) -> Data:
         """Samples the neighborhood of ``seeds`` (possibly none) while
         serving the peers' requests, and fetches its attributes."""
+        if self.disjoint:
+            from pyg_sar.loader.disjoint import disjoint_round
+            return disjoint_round(self, seeds, input_id)
         index = self._local_index
         n_id_parts = [seeds]
         index[seeds] = torch.arange(seeds.numel(), dtype=torch.int32)
@@ -306,7 +313,7 @@ class DistNeighborLoader:
         try:
             frontier = seeds
             for fanout in self.num_neighbors:
-                targets, sources, edge_ids = self._exchange_hop(
+                targets, sources, edge_ids, _ = self._exchange_hop(
                     frontier, fanout)
                 new_nodes = _first_seen_absent(sources, index,
                                                self._first_position)
@@ -328,6 +335,16 @@ class DistNeighborLoader:
         edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows \
             else torch.empty(2, 0, dtype=torch.long)
         e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)
+        return self._finish(n_id, edge_index, e_id, input_id,
+                            int(seeds.numel()), num_sampled_nodes,
+                            num_sampled_edges)
+
+    def _finish(self, n_id: Tensor, edge_index: Tensor, e_id: Tensor,
+                input_id: Tensor, batch_size: int,
+                num_sampled_nodes: List[int], num_sampled_edges: List[int],
+                **extra: Tensor) -> Data:
+        """The batch of a sampled subgraph: attributes fetched from their
+        owners, reverse edges added for ``bidirectional``."""
         node_values, edge_values = self._fetch_attributes(
             n_id, e_id, n_id[edge_index[1]])
         counts = dict(num_sampled_nodes=num_sampled_nodes,
@@ -337,14 +354,15 @@ class DistNeighborLoader:
                 edge_index, e_id, edge_values)
             counts = {}  # as PyG: no per-hop counts for the merged edges
         return Data(edge_index=edge_index, n_id=n_id, e_id=e_id,
-                    input_id=input_id, batch_size=int(seeds.numel()),
+                    input_id=input_id, batch_size=batch_size, **extra,
                     **counts, **node_values, **edge_values)
 
-    def _exchange_hop(self, frontier: Tensor,
-                      fanout: int) -> Tuple[Tensor, Tensor, Tensor]:
+    def _exchange_hop(self, frontier: Tensor, fanout: int
+                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """Sends ``frontier`` to its owners, samples the requests this rank
         receives, and returns ``(target, source, edge id)`` of the sampled
-        edges, grouped by target in frontier order."""
+        edges, grouped by target in frontier order, and the number of edges
+        of every frontier entry (repeated ids are sampled independently)."""
         shard, world_size = self.shard, self.world_size
         by_owner, request_counts = _group_by_owner(shard.owner(frontier),
                                                    world_size)
@@ -388,7 +406,7 @@ class DistNeighborLoader:
         sources, edge_ids = torch.cat(sources), torch.cat(edge_ids)
         targets = torch.repeat_interleave(requests, counts)
         if world_size == 1:  # answers are already in frontier order
-            return targets, sources, edge_ids
+            return targets, sources, edge_ids, counts
         # Answers come in owner order; move every request's edges to the
         # slot of its target in frontier order (PyG's order), without a sort.
         counts_in_frontier_order = torch.empty_like(counts)
@@ -399,7 +417,7 @@ class DistNeighborLoader:
         out = [torch.empty_like(t) for t in (targets, sources, edge_ids)]
         for dst, src in zip(out, (targets, sources, edge_ids)):
             dst[slots] = src
-        return out[0], out[1], out[2]
+        return out[0], out[1], out[2], counts_in_frontier_order
 
     def _fetch_attributes(self, n_id: Tensor, e_id: Tensor, e_dst: Tensor
                           ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:

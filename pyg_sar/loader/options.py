@@ -36,7 +36,7 @@ DEFAULTS: Dict[str, Any] = dict(
     replace=False, seed=None, transform=None, pad_batches=False,
     edge_label_index=None, edge_label=None, edge_label_time=None,
     neg_sampling=None, neg_sampling_ratio=None, subgraph_type='directional',
-    device=None, weight_attr=None)
+    device=None, weight_attr=None, disjoint=False)
 
 # PyG's RPC settings: checked, then without effect (no RPC here).
 _RPC = ('master_addr', 'master_port', 'current_ctx', 'concurrency',
@@ -66,13 +66,14 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
         options[key] = value
     _check_rpc(name, options)
     _check_unsupported(name, options)
-    known = set(order) | {'subgraph_type', 'device', 'weight_attr'}
+    known = set(order) | {'subgraph_type', 'device', 'weight_attr',
+                          'disjoint'}
     for key in options:
         if key not in known:
             raise TypeError(f"{name} got an unexpected keyword argument "
                             f"'{key}'")
     return {**{k: DEFAULTS[k] for k in order + ('subgraph_type', 'device',
-                                                 'weight_attr')},
+                                                 'weight_attr', 'disjoint')},
             **options}
 
 
@@ -120,9 +121,9 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
     if strategy != 'uniform':
         raise ValueError(f"{name}: temporal_strategy={strategy!r} needs "
                          f"temporal sampling, which is not supported")
-    if options.pop('disjoint', False):
-        raise ValueError(f"{name}: disjoint=True is not supported (every "
-                         f"batch is one subgraph)")
+    if options.get('disjoint', False) and name != 'DistNeighborLoader':
+        raise ValueError(f"{name}: disjoint=True is not supported for link "
+                         f"batches")
     if not options.pop('directed', True):
         raise ValueError(f"{name}: directed=False is not supported; use "
                          f"subgraph_type='bidirectional'")
