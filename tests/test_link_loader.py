@@ -129,7 +129,7 @@ def test_link_loader_refusals(parts3):
         DistLinkNeighborLoader(part, [2],
                                edge_label_index=torch.zeros(3, 2).long())
     # The node loader no longer takes a subgraph type it does not build.
-    from torch_geometric.sampler.base import SubgraphType
-    for value in ('induced', SubgraphType.induced):
+    from torch_geometric.sampler.base import SubgraphType  # noqa
+    for value in ('khop', SubgraphType.induced.value + 'x'):
         with pytest.raises(ValueError, match='subgraph_type'):
             DistNeighborLoader(part, [2], subgraph_type=value)

@@ -73,7 +73,8 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
         (dict(time_attr='time'), r'temporal sampling \(time_attr'),
         (dict(temporal_strategy='last'), 'temporal_strategy'),
         (dict(weight_attr='w'), "weight_attr 'w' is not an edge attr"),
-        (dict(subgraph_type='induced'), 'subgraph_type'),
+        (dict(subgraph_type='khop'), 'subgraph_type'),
+        (dict(subgraph_type='induced', disjoint=True), 'induced'),
         (dict(concurrency=0), 'concurrency'),
         (dict(master_port='x'), 'master_port'),
     ]
@@ -92,8 +93,10 @@ def _bidirectional(rank, world_size, root):
     ref = _reference(root, world_size)
     part = load_partition(root, rank)
     loader = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2,
-                                subgraph_type='bidirectional')
-    plain = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2)
+                                subgraph_type='bidirectional',
+                                pad_batches=True)
+    plain = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2,
+                               pad_batches=True)
     checked = 0
     for batch, directed in zip(loader, plain):
         n_id = batch.n_id
@@ -201,3 +204,38 @@ def test_disjoint_subtrees(tmp_path):
     data.edge_attr = torch.randn(data.num_edges, 2)
     partition_graph(data, 3, root)
     assert sum(run_workers(_disjoint, 3, root, timeout_s=60)) > 3
+
+
+def _induced(rank, world_size, root):
+    ref = _reference(root, world_size)
+    part = load_partition(root, rank)
+    # Two loaders iterated together: pad_batches keeps their collective
+    # rounds in step on every rank.
+    loader = DistNeighborLoader(part, FANOUTS, batch_size=5, seed=4,
+                                subgraph_type='induced', pad_batches=True)
+    plain = DistNeighborLoader(part, FANOUTS, batch_size=5, seed=4,
+                               pad_batches=True)
+    checked = 0
+    for batch, directed in zip(loader, plain):
+        n_id = batch.n_id
+        assert torch.equal(n_id, directed.n_id)
+        assert 'num_sampled_edges' not in batch
+        # Exactly the graph's edges between the batch's nodes, each once.
+        inside = torch.isin(ref['src'], n_id) & torch.isin(ref['dst'], n_id)
+        assert torch.equal(batch.e_id.sort().values,
+                           inside.nonzero().view(-1))
+        assert torch.equal(ref['src'][batch.e_id], n_id[batch.edge_index[0]])
+        assert torch.equal(ref['dst'][batch.e_id], n_id[batch.edge_index[1]])
+        assert torch.equal(batch.edge_attr, ref['edge_attr'][batch.e_id])
+        assert bool((batch.edge_index[1][1:] >=
+                     batch.edge_index[1][:-1]).all())
+        checked += 1
+    return checked
+
+
+def test_induced_subgraphs(tmp_path):
+    root = str(tmp_path / 'three')
+    data = datasets.synthetic_graph(120, 6, 4, 3, seed=9)
+    data.edge_attr = torch.randn(data.num_edges, 2)
+    partition_graph(data, 3, root)
+    assert sum(run_workers(_induced, 3, root, timeout_s=60)) > 3

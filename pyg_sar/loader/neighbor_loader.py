@@ -89,10 +89,11 @@ class DistNeighborLoader:
         transform (Callable[[Data], Data], optional): Applied to every batch.
         pad_batches (bool): Yield :attr:`num_global_batches` batches on
             every rank, padding with empty ones (see above).
-        subgraph_type (str): ``"directional"`` (the sampled edges) or
+        subgraph_type (str): ``"directional"`` (the sampled edges),
             ``"bidirectional"`` (plus their reverses, coalesced, as PyG
             does; ``num_sampled_nodes``/``num_sampled_edges`` are then
-            dropped, as in PyG).
+            dropped, as in PyG) or ``"induced"`` (every edge of the graph
+            between the sampled nodes; ``num_sampled_edges`` dropped).
         device (torch.device, optional): Batches are moved there.
         disjoint (bool): Every seed gets its own subtree (nodes repeat
             across subtrees); ``batch`` gives each node's seed, as in PyG.
@@ -104,9 +105,8 @@ class DistNeighborLoader:
             world size must match the process group), ``concurrency``,
             ``num_rpc_threads``, ``async_sampling`` configure PyG's RPC and
             have no effect here; ``num_workers`` must be 0 (sampling is a
-            collective in the training process); temporal sampling,
-            ``dist_sampler`` and
-            ``subgraph_type="induced"`` are refused; ``pin_memory``,
+            collective in the training process); temporal sampling and
+            ``dist_sampler`` are refused; ``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``,
             ``filter_per_worker``, ``timeout``, ``is_sorted`` have no
             effect.
@@ -151,7 +151,12 @@ class DistNeighborLoader:
         self.replace = bool(replace)
         self.transform = transform
         self.pad_batches = bool(pad_batches)
+        self.subgraph_type = subgraph_type
         self.bidirectional = subgraph_type == 'bidirectional'
+        self.induced = subgraph_type == 'induced'
+        if self.induced and disjoint:
+            raise ValueError("subgraph_type='induced' cannot be combined "
+                             "with disjoint=True")
         self.disjoint = bool(disjoint)
         self.weight_attr = weight_attr
         self.edge_weight = edge_weight(self.shard, weight_attr)
@@ -236,7 +241,7 @@ class DistNeighborLoader:
                 f"part r on rank r")
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
                   self.pad_batches, schema(shard.node_attrs),
-                  schema(shard.edge_attrs), self.bidirectional,
+                  schema(shard.edge_attrs), self.subgraph_type,
                   self.weight_attr, self.disjoint, self._extra_config())
         everyone = comm.all_gather_object((config, self.num_batches))
         for other_rank, (other, _) in enumerate(everyone):
@@ -266,6 +271,14 @@ class DistNeighborLoader:
                 'this rank; its peers would wait forever. Iterate every epoch '
                 'to the end (no break) on every rank')
         return self._epoch()
+
+    def _serve_map(self) -> Tensor:
+        """A scratch map over the global ids, all ``-1`` between uses
+        (induced subgraphs; 4 bytes per node, made on first use)."""
+        if not hasattr(self, '_serve_index'):
+            self._serve_index = torch.full((self.shard.num_nodes, ), -1,
+                                           dtype=torch.int32)
+        return self._serve_index
 
     def _batch(self, own: Tensor) -> Data:
         """The batch of the inputs at positions ``own`` (collective)."""
@@ -345,10 +358,14 @@ class DistNeighborLoader:
                 **extra: Tensor) -> Data:
         """The batch of a sampled subgraph: attributes fetched from their
         owners, reverse edges added for ``bidirectional``."""
-        node_values, edge_values = self._fetch_attributes(
-            n_id, e_id, n_id[edge_index[1]])
         counts = dict(num_sampled_nodes=num_sampled_nodes,
                       num_sampled_edges=num_sampled_edges)
+        if self.induced:
+            from pyg_sar.loader.induced import induced_edges
+            edge_index, e_id = induced_edges(self, n_id)
+            del counts['num_sampled_edges']  # edges are not per hop here
+        node_values, edge_values = self._fetch_attributes(
+            n_id, e_id, n_id[edge_index[1]])
         if self.bidirectional:
             edge_index, e_id, edge_values = _bidirectional(
                 edge_index, e_id, edge_values)

@@ -44,7 +44,7 @@ _RPC = ('master_addr', 'master_port', 'current_ctx', 'concurrency',
 # DataLoader settings without effect on the batches.
 _NO_EFFECT = ('pin_memory', 'persistent_workers', 'prefetch_factor',
               'filter_per_worker', 'timeout', 'is_sorted')
-_SUBGRAPH_TYPES = ('directional', 'bidirectional')
+_SUBGRAPH_TYPES = ('directional', 'bidirectional', 'induced')
 
 
 def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
