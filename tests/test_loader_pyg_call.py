@@ -69,9 +69,11 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
     cases = [
         (dict(current_ctx=_context(1, 2)), 'current_ctx says rank 1 of 2'),
         (dict(dist_sampler=object()), 'dist_sampler'),
-        (dict(input_time=torch.zeros(3)), r'temporal sampling \(input_time'),
-        (dict(time_attr='time'), r'temporal sampling \(time_attr'),
-        (dict(temporal_strategy='last'), 'temporal_strategy'),
+        (dict(input_time=torch.zeros(3)), 'input_time needs time_attr'),
+        (dict(time_attr='time'), "time_attr 'time' is neither"),
+        (dict(temporal_strategy='last'), 'needs time_attr'),
+        (dict(time_attr='time', temporal_strategy='first'),
+         "'uniform' or 'last'"),
         (dict(weight_attr='w'), "weight_attr 'w' is not an edge attr"),
         (dict(subgraph_type='khop'), 'subgraph_type'),
         (dict(subgraph_type='induced', disjoint=True), 'induced'),
@@ -239,3 +241,73 @@ def test_induced_subgraphs(tmp_path):
     data.edge_attr = torch.randn(data.num_edges, 2)
     partition_graph(data, 3, root)
     assert sum(run_workers(_induced, 3, root, timeout_s=60)) > 3
+
+
+def _temporal(rank, world_size, root, strategy, on_edges):
+    ref = _reference(root, world_size)
+    part = load_partition(root, rank)
+    parts = [load_partition(root, r) for r in range(world_size)]
+    node_t = torch.cat([p.t for p in parts])
+    edge_t = torch.empty(part.num_edges, dtype=torch.long)
+    for p in parts:
+        edge_t[p.csc_eid] = p.et
+    seeds = torch.arange(part.num_local_nodes) + int(part.node_ptr[rank])
+    kwargs = dict(time_attr='t', temporal_strategy=strategy)
+    if on_edges:
+        gen = torch.Generator().manual_seed(rank)
+        kwargs = dict(time_attr='et', temporal_strategy=strategy,
+                      input_time=torch.randint(20, 100, (seeds.numel(), ),
+                                               generator=gen))
+    loader = DistNeighborLoader(part, FANOUTS, batch_size=7, seed=5,
+                                pad_batches=True, **kwargs)
+    assert loader.disjoint  # temporal sampling is disjoint, as in PyG
+    checked = 0
+    for batch in loader:
+        bs = batch.batch_size
+        n_id, tree = batch.n_id, batch.batch
+        row, col = batch.edge_index
+        expected_seed_time = kwargs['input_time'][batch.input_id] \
+            if on_edges else node_t[n_id[:bs]]
+        assert torch.equal(batch.seed_time, expected_seed_time)
+        limit = batch.seed_time[tree[col]]
+        times = edge_t[batch.e_id] if on_edges else node_t[n_id[row]]
+        assert bool((times <= limit).all())
+        assert torch.equal(ref['src'][batch.e_id], n_id[row])
+        # Per target copy: min(#qualifying in-edges, fanout), and with
+        # 'last' the most recent of them.
+        start, edge_start = 0, 0
+        for hop, fanout in enumerate(FANOUTS):
+            count = batch.num_sampled_nodes[hop]
+            num_edges = batch.num_sampled_edges[hop]
+            for k in range(count):
+                v = int(n_id[start + k])
+                t = batch.seed_time[int(tree[start + k])]
+                into = (ref['dst'] == v).nonzero().view(-1)
+                cand_t = edge_t[into] if on_edges else node_t[ref['src'][into]]
+                valid = cand_t[cand_t <= t]
+                mine = (col[edge_start:edge_start + num_edges] ==
+                        start + k).nonzero().view(-1) + edge_start
+                assert mine.numel() == min(valid.numel(), fanout)
+                if strategy == 'last' and mine.numel():
+                    got = times[mine]
+                    rest = valid.sort(descending=True).values[mine.numel():]
+                    if rest.numel():
+                        assert bool(got.min() >= rest.max())
+            start += count
+            edge_start += num_edges
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize('strategy,on_edges', [('uniform', False),
+                                               ('last', True)])
+def test_temporal_sampling(tmp_path, strategy, on_edges):
+    root = str(tmp_path / 'three')
+    data = datasets.synthetic_graph(120, 6, 4, 3, seed=10)
+    data.edge_attr = torch.randn(data.num_edges, 2)
+    gen = torch.Generator().manual_seed(0)
+    data.t = torch.randint(0, 100, (data.num_nodes, ), generator=gen)
+    data.et = torch.randint(0, 100, (data.num_edges, ), generator=gen)
+    partition_graph(data, 3, root)
+    assert sum(run_workers(_temporal, 3, root, strategy, on_edges,
+                           timeout_s=90)) > 3

@@ -9,6 +9,8 @@ appearance, as PyG orders them.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
@@ -27,10 +29,12 @@ def _first_appearance(keys: Tensor):
     return unique[order], rank[inverse]
 
 
-def disjoint_round(loader, seeds: Tensor, input_id: Tensor) -> Data:
+def disjoint_round(loader, seeds: Tensor, input_id: Tensor,
+                   seed_time: Optional[Tensor] = None) -> Data:
     """One collective round of ``loader`` (a ``DistNeighborLoader``) with
     disjoint subtrees; the batch has ``batch`` (each node's subtree, i.e.
-    its seed's position in the batch)."""
+    its seed's position in the batch). With ``seed_time`` (temporal
+    sampling) every subtree's edges are no later than its seed's time."""
     num_global = loader.shard.num_nodes
     num_seeds = seeds.numel()
     trees = [torch.arange(num_seeds)]
@@ -42,8 +46,9 @@ def disjoint_round(loader, seeds: Tensor, input_id: Tensor) -> Data:
     rows, cols, e_ids = [], [], []
     num_sampled_nodes, num_sampled_edges = [num_seeds], []
     for fanout in loader.num_neighbors:
-        _, sources, edge_ids, per_entry = loader._exchange_hop(frontier,
-                                                               fanout)
+        _, sources, edge_ids, per_entry = loader._exchange_hop(
+            frontier, fanout,
+            None if seed_time is None else seed_time[frontier_tree])
         entry = torch.repeat_interleave(torch.arange(frontier.numel()),
                                         per_entry)
         keys = frontier_tree[entry] * num_global + sources
@@ -74,6 +79,9 @@ def disjoint_round(loader, seeds: Tensor, input_id: Tensor) -> Data:
     edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows \
         else torch.empty(2, 0, dtype=torch.long)
     e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)
+    extra = {'batch': torch.cat(trees)}
+    if seed_time is not None:
+        extra['seed_time'] = seed_time
     return loader._finish(torch.cat(n_id), edge_index, e_id, input_id,
                           num_seeds, num_sampled_nodes, num_sampled_edges,
-                          batch=torch.cat(trees))
+                          **extra)

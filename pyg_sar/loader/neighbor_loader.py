@@ -97,6 +97,14 @@ class DistNeighborLoader:
         device (torch.device, optional): Batches are moved there.
         disjoint (bool): Every seed gets its own subtree (nodes repeat
             across subtrees); ``batch`` gives each node's seed, as in PyG.
+        time_attr (str, optional): Temporal sampling (always disjoint, as
+            in PyG): a node or edge attribute of timestamps; every edge
+            sampled in a seed's subtree is no later than the seed's time
+            (:mod:`pyg_sar.loader.temporal`).
+        input_time (Tensor, optional): The seeds' times, one per input node
+            (default: the seeds' node times).
+        temporal_strategy (str): ``"uniform"`` or ``"last"`` (the most
+            recent edges).
         weight_attr (str, optional): An edge attribute of the part: edges
             are sampled in proportion to it (zero: never), as PyG's
             ``weight_attr``.
@@ -105,8 +113,8 @@ class DistNeighborLoader:
             world size must match the process group), ``concurrency``,
             ``num_rpc_threads``, ``async_sampling`` configure PyG's RPC and
             have no effect here; ``num_workers`` must be 0 (sampling is a
-            collective in the training process); temporal sampling and
-            ``dist_sampler`` are refused; ``pin_memory``,
+            collective in the training process); ``dist_sampler`` is
+            refused; ``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``,
             ``filter_per_worker``, ``timeout``, ``is_sorted`` have no
             effect.
@@ -135,7 +143,9 @@ class DistNeighborLoader:
                subgraph_type: str = 'directional',
                device: Optional[torch.device] = None,
                weight_attr: Optional[str] = None,
-               disjoint: bool = False) -> None:
+               disjoint: bool = False, time_attr: Optional[str] = None,
+               input_time: Optional[Tensor] = None,
+               temporal_strategy: str = 'uniform') -> None:
         self.shard = to_shard(data)
         self.num_neighbors = _check_num_neighbors(num_neighbors)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
@@ -151,6 +161,16 @@ class DistNeighborLoader:
         self.replace = bool(replace)
         self.transform = transform
         self.pad_batches = bool(pad_batches)
+        self.time_attr, self.temporal_strategy = time_attr, temporal_strategy
+        if time_attr is not None:
+            disjoint = True  # as in PyG: temporal sampling is disjoint
+            if replace and temporal_strategy == 'last':
+                raise ValueError("temporal_strategy='last' takes the most "
+                                 "recent edges; it cannot sample with "
+                                 "replacement")
+        elif input_time is not None:
+            raise ValueError("input_time needs time_attr (the node or edge "
+                             "attribute holding the timestamps)")
         self.subgraph_type = subgraph_type
         self.bidirectional = subgraph_type == 'bidirectional'
         self.induced = subgraph_type == 'induced'
@@ -178,6 +198,11 @@ class DistNeighborLoader:
             (self.seed * 1_000_003 + self.rank) % (2**63 - 1))
 
         self.num_global_batches = self._agree_with_peers()
+        self.edge_time = self.seed_time = None
+        if time_attr is not None:
+            from pyg_sar.loader.temporal import edge_times, seed_times
+            self.edge_time, node_time = edge_times(self.shard, time_attr)
+            self.seed_time = seed_times(self, input_time, node_time)
         # Global id -> batch-local id of the batch being built; -1 = absent.
         self._local_index = torch.full((self.shard.num_nodes, ), -1,
                                        dtype=torch.int32)
@@ -242,7 +267,8 @@ class DistNeighborLoader:
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
                   self.pad_batches, schema(shard.node_attrs),
                   schema(shard.edge_attrs), self.subgraph_type,
-                  self.weight_attr, self.disjoint, self._extra_config())
+                  self.weight_attr, self.disjoint, self.time_attr,
+                  self.temporal_strategy, self._extra_config())
         everyone = comm.all_gather_object((config, self.num_batches))
         for other_rank, (other, _) in enumerate(everyone):
             if other != config:
@@ -316,7 +342,9 @@ class DistNeighborLoader:
         serving the peers' requests, and fetches its attributes."""
         if self.disjoint:
             from pyg_sar.loader.disjoint import disjoint_round
-            return disjoint_round(self, seeds, input_id)
+            seed_time = None if self.seed_time is None else \
+                self.seed_time[input_id]
+            return disjoint_round(self, seeds, input_id, seed_time)
         index = self._local_index
         n_id_parts = [seeds]
         index[seeds] = torch.arange(seeds.numel(), dtype=torch.int32)
@@ -374,7 +402,8 @@ class DistNeighborLoader:
                     input_id=input_id, batch_size=batch_size, **extra,
                     **counts, **node_values, **edge_values)
 
-    def _exchange_hop(self, frontier: Tensor, fanout: int
+    def _exchange_hop(self, frontier: Tensor, fanout: int,
+                      frontier_time: Optional[Tensor] = None
                       ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """Sends ``frontier`` to its owners, samples the requests this rank
         receives, and returns ``(target, source, edge id)`` of the sampled
@@ -389,9 +418,17 @@ class DistNeighborLoader:
         # Serve every peer's requests (own ones included) in one kernel call.
         received_counts = [r.numel() for r in received]
         local_targets = torch.cat(received) - shard.node_start
-        counts, positions = sample_neighbors(shard.csc_ptr, local_targets,
-                                             fanout, self.replace,
-                                             self.generator, self.edge_weight)
+        if self.edge_time is not None:  # each request carries its seed time
+            from pyg_sar.loader.temporal import sample_temporal
+            times = torch.cat(comm.all_to_all_v(list(
+                frontier_time[by_owner].split(request_counts))))
+            counts, positions = sample_temporal(
+                shard.csc_ptr, local_targets, times, fanout, self.edge_time,
+                self.temporal_strategy, self.replace, self.generator)
+        else:
+            counts, positions = sample_neighbors(
+                shard.csc_ptr, local_targets, fanout, self.replace,
+                self.generator, self.edge_weight)
         sources, edge_ids = shard.csc_src[positions], shard.csc_eid[positions]
         counts_per_peer = counts.split(received_counts)
         edges_per_peer = [int(c.sum()) for c in counts_per_peer]

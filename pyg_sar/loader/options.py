@@ -36,7 +36,8 @@ DEFAULTS: Dict[str, Any] = dict(
     replace=False, seed=None, transform=None, pad_batches=False,
     edge_label_index=None, edge_label=None, edge_label_time=None,
     neg_sampling=None, neg_sampling_ratio=None, subgraph_type='directional',
-    device=None, weight_attr=None, disjoint=False)
+    device=None, weight_attr=None, disjoint=False, time_attr=None,
+    input_time=None, temporal_strategy='uniform')
 
 # PyG's RPC settings: checked, then without effect (no RPC here).
 _RPC = ('master_addr', 'master_port', 'current_ctx', 'concurrency',
@@ -66,15 +67,15 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
         options[key] = value
     _check_rpc(name, options)
     _check_unsupported(name, options)
-    known = set(order) | {'subgraph_type', 'device', 'weight_attr',
-                          'disjoint'}
+    extra = ('subgraph_type', 'device', 'weight_attr', 'disjoint') + (
+        ('time_attr', 'input_time', 'temporal_strategy')
+        if name == 'DistNeighborLoader' else ())
+    known = set(order) | set(extra)
     for key in options:
         if key not in known:
             raise TypeError(f"{name} got an unexpected keyword argument "
                             f"'{key}'")
-    return {**{k: DEFAULTS[k] for k in order + ('subgraph_type', 'device',
-                                                 'weight_attr', 'disjoint')},
-            **options}
+    return {**{k: DEFAULTS[k] for k in order + extra}, **options}
 
 
 def _check_rpc(name: str, options: Dict[str, Any]) -> None:
@@ -111,16 +112,21 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
     if options.pop('dist_sampler', None) is not None:
         raise ValueError(f"{name}: dist_sampler is not supported (pyg_sar "
                          f"samples with its own collective sampler)")
+    link = name != 'DistNeighborLoader'
     for key in ('input_time', 'time_attr', 'edge_label_time'):
-        if options.get(key) is not None:
+        if options.get(key) is not None and (link or key == 'edge_label_time'):
             raise ValueError(f"{name}: temporal sampling ({key}) is not "
-                             f"supported")
-    options.pop('input_time', None)
-    options.pop('time_attr', None)
-    strategy = options.pop('temporal_strategy', 'uniform')
-    if strategy != 'uniform':
+                             f"supported for link batches")
+    strategy = options.get('temporal_strategy', 'uniform')
+    if strategy not in ('uniform', 'last'):
+        raise ValueError(f"{name}: temporal_strategy must be 'uniform' or "
+                         f"'last' (got {strategy!r})")
+    if strategy != 'uniform' and options.get('time_attr') is None:
         raise ValueError(f"{name}: temporal_strategy={strategy!r} needs "
-                         f"temporal sampling, which is not supported")
+                         f"time_attr")
+    if link:
+        for key in ('input_time', 'time_attr', 'temporal_strategy'):
+            options.pop(key, None)
     if options.get('disjoint', False) and name != 'DistNeighborLoader':
         raise ValueError(f"{name}: disjoint=True is not supported for link "
                          f"batches")
