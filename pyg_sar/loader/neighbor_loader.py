@@ -181,6 +181,7 @@ class DistNeighborLoader:
         self.weight_attr = weight_attr
         self.edge_weight = edge_weight(self.shard, weight_attr)
         self.device = None if device is None else torch.device(device)
+        self.num_workers = 0  # read by PyG-style training loops
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
         self.input_nodes = self._resolve_input_nodes(input_nodes)

@@ -82,6 +82,13 @@ class Shard:
             if attr.group_name is None:
                 node_attrs[attr.attr_name] = feature_store.get_tensor(
                     None, attr.attr_name)
+        labels = getattr(feature_store, 'labels', None)
+        if labels is not None:  # PyG's loaders put them in batch.y
+            if labels.size(0) != num_nodes:
+                raise ValueError(f'feature_store.labels has {labels.size(0)} '
+                                 f'rows; expected one per global node '
+                                 f'({num_nodes})')
+            node_attrs['y'] = labels[start:end]
         fingerprint = f'stores:{num_nodes}:{node_ptr.tolist()}'
         return cls(rank, num_parts, num_nodes, node_ptr, csc_ptr, src, eid,
                    node_attrs, {}, fingerprint)
