@@ -192,3 +192,49 @@ def test_two_hosts_equal_one_host_bitwise(two_hosts, tmp_path):
                   if line.startswith('final:'))
              for _, out in (multi[0], single[0])]
     assert final[0] == final[1]
+
+
+def test_two_hosts_stop_fast_when_a_part_is_corrupt(two_hosts, tmp_path):
+    """Host 1's part file is truncated: both agents exit with an error long
+    before the 300 s wait timeout, and the error names the file and rank."""
+    ip = two_hosts
+    parts = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(datasets.synthetic_graph(300, 5, 8, 3, seed=0),
+                            2, parts)
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    for key in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE',
+                'LOCAL_RANK', 'GLOO_SOCKET_IFNAME'):
+        env.pop(key, None)
+    procs = []
+    args = [a if a != '20' else '300' for a in TRAIN_ARGS]
+    for r in range(2):
+        host_parts = str(tmp_path / f'host{r}' / 'parts')
+        _host_copy(parts, host_parts, r)
+        if r == 1:
+            path = osp.join(host_parts, 'part_1', 'graph.pt')
+            with open(path, 'rb') as f:
+                blob = f.read()
+            with open(path, 'wb') as f:
+                f.write(blob[:len(blob) // 2])
+        command = [
+            ip, 'netns', 'exec', NS[r], sys.executable, '-m',
+            'torch.distributed.run', '--nnodes', '2', '--node-rank', str(r),
+            '--nproc-per-node', '1', '--rdzv-backend', 'c10d',
+            '--rdzv-endpoint', f'{ADDR[0]}:{RDZV_PORT}',
+            '--rdzv-id', f'pyg-sar-fail-{PID}',
+            '--rdzv-conf', f'join_timeout=30,is_host={int(r == 0)}',
+            '--local-addr', ADDR[r], '-m', 'pyg_sar.cli', 'train',
+            '--parts', host_parts, *args
+        ]
+        procs.append(_launch(command,
+                             dict(env, GLOO_SOCKET_IFNAME=IFACE[r])))
+    start = time.monotonic()
+    results = _finish(procs, start + TIMEOUT_S)
+    elapsed = time.monotonic() - start
+    names = [f'host {r} ({NS[r]}, {ADDR[r]})' for r in range(2)]
+    assert all(code != 0 for code, _ in results), _report(results, names)
+    assert not any('[killed after' in out for _, out in results), \
+        _report(results, names)
+    assert "error (rank 1): Partition file" in results[1][1], \
+        _report(results, names)
+    print(f'\nboth hosts stopped {elapsed:.1f}s after launch')
