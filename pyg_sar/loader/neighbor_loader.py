@@ -21,7 +21,7 @@ numbers of batches, or none at all.
 from __future__ import annotations
 
 import math
-from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+from typing import (Any, Callable, Iterator, List, Optional, Sequence,
                     Tuple)
 
 import torch
@@ -30,11 +30,12 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar import comm
+from pyg_sar.loader.batch_parts import (_INT32_MAX, _bidirectional,
+                                        _first_seen_absent, _group_by_owner,
+                                        fetch_attributes)
 from pyg_sar.loader.options import NODE_ORDER, PYG_NODE_ORDER, resolve
 from pyg_sar.loader.shard import edge_weight, schema, to_shard
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
-
-_INT32_MAX = torch.iinfo(torch.int32).max
 
 class DistNeighborLoader:
     r"""Mini-batches of sampled neighborhoods of a partitioned graph, drawn
@@ -393,7 +394,7 @@ class DistNeighborLoader:
             from pyg_sar.loader.induced import induced_edges
             edge_index, e_id = induced_edges(self, n_id)
             del counts['num_sampled_edges']  # edges are not per hop here
-        node_values, edge_values = self._fetch_attributes(
+        node_values, edge_values = fetch_attributes(self, 
             n_id, e_id, n_id[edge_index[1]])
         if self.bidirectional:
             edge_index, e_id, edge_values = _bidirectional(
@@ -474,73 +475,6 @@ class DistNeighborLoader:
             dst[slots] = src
         return out[0], out[1], out[2], counts_in_frontier_order
 
-    def _fetch_attributes(self, n_id: Tensor, e_id: Tensor, e_dst: Tensor
-                          ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
-        """Gathers the node attribute rows of ``n_id`` and the edge attribute
-        rows of ``e_id`` (edges into the global nodes ``e_dst``, whose owners
-        store them) from their owners, in one exchange."""
-        shard, world_size, rank = self.shard, self.world_size, self.rank
-        with_edges = bool(shard.edge_attrs)
-        if with_edges:
-            edge_owner = shard.owner(e_dst)
-        node_order, node_counts = _group_by_owner(shard.owner(n_id),
-                                                  world_size)
-        node_requests = n_id[node_order].split(node_counts)
-        if with_edges:
-            edge_order, edge_counts = _group_by_owner(edge_owner, world_size)
-            edge_requests = e_id[edge_order].split(edge_counts)
-        else:
-            edge_counts = [0] * world_size
-            edge_requests = [e_id[:0]] * world_size
-        # One request per peer: [number of node ids | node ids | edge ids].
-        requests = [torch.cat([torch.tensor([n]), nodes, edges])
-                    for n, nodes, edges in zip(node_counts, node_requests,
-                                               edge_requests)]
-        received = comm.all_to_all_v(requests)
-
-        def rows_for(request: Tensor) -> List[Tensor]:
-            num_node_ids = int(request[0])
-            local_rows = request[1:1 + num_node_ids] - shard.node_start
-            out = [value[local_rows] for value in shard.node_attrs.values()]
-            if with_edges:
-                edge_rows = shard.edge_rows(request[1 + num_node_ids:])
-                out += [value[edge_rows] for value in shard.edge_attrs.values()]
-            return out
-
-        sends = {q: rows_for(received[q]) for q in range(world_size)
-                 if q != rank}
-        attrs = list(shard.node_attrs.values()) + \
-            (list(shard.edge_attrs.values()) if with_edges else [])
-
-        def shapes(num_nodes: int, num_edges: int):
-            specs = []
-            for i, value in enumerate(attrs):
-                rows = num_nodes if i < len(shard.node_attrs) else num_edges
-                specs.append(((rows, *value.shape[1:]), value.dtype))
-            return specs
-
-        recv_shapes = {q: shapes(node_counts[q], edge_counts[q])
-                       for q in range(world_size) if q != rank}
-        pending = comm.post_exchange(sends, recv_shapes)
-        own_rows = rows_for(received[rank])
-        answers = pending.wait()
-        answers[rank] = own_rows
-
-        def assemble(i: int, order: Tensor, counts: List[int]) -> Tensor:
-            value = attrs[i]
-            out = value.new_empty((order.numel(), *value.shape[1:]))
-            out[order] = torch.cat([answers[q][i] for q in range(world_size)])
-            return out
-
-        node_values = {name: assemble(i, node_order, node_counts)
-                       for i, name in enumerate(shard.node_attrs)}
-        edge_values = {}
-        if with_edges:
-            offset = len(shard.node_attrs)
-            edge_values = {name: assemble(offset + i, edge_order, edge_counts)
-                           for i, name in enumerate(shard.edge_attrs)}
-        return node_values, edge_values
-
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(rank={self.rank}/'
                 f'{self.world_size}, num_neighbors={self.num_neighbors}, '
@@ -548,50 +482,6 @@ class DistNeighborLoader:
                 f'batch_size={self.batch_size}, '
                 f'num_batches={self.num_batches}, '
                 f'num_global_batches={self.num_global_batches})')
-
-
-def _bidirectional(edge_index: Tensor, e_id: Tensor,
-                   edge_values: Dict[str, Tensor]
-                   ) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
-    """The sampled edges plus their reverses, coalesced by PyG's own
-    ``to_bidirectional``; edge attributes follow their edge ids."""
-    from torch_geometric.sampler.utils import to_bidirectional
-    row, col = edge_index
-    new_row, new_col, new_eid = to_bidirectional(row, col, row, col, e_id,
-                                                 e_id)
-    order = torch.argsort(e_id)
-    at = order[torch.searchsorted(e_id[order], new_eid)] if e_id.numel() \
-        else new_eid
-    return (torch.stack([new_row, new_col]), new_eid,
-            {k: v[at] for k, v in edge_values.items()})
-
-
-def _first_seen_absent(ids: Tensor, index: Tensor,
-                       first_position: Tensor) -> Tensor:
-    """The distinct ``ids`` with ``index[id] < 0``, in order of first
-    appearance (the order in which PyG's sampler adds new nodes).
-
-    ``first_position`` is a scratch map over all global ids holding
-    ``INT32_MAX``; it is used, and restored, here so that the answer costs
-    O(len(ids)) instead of a sort."""
-    candidates = ids[index[ids] < 0]
-    if candidates.numel() == 0:
-        return candidates
-    position = torch.arange(candidates.numel(), dtype=torch.int32)
-    first_position.scatter_reduce_(0, candidates, position, reduce='amin')
-    is_first = first_position[candidates] == position
-    first_position[candidates] = _INT32_MAX
-    return candidates[is_first]
-
-
-def _group_by_owner(owner: Tensor, world_size: int) -> Tuple[Tensor,
-                                                              List[int]]:
-    """A stable permutation grouping entries by owner, and the group sizes;
-    one linear pass per rank rather than a sort (world sizes are small)."""
-    if world_size == 1:
-        return torch.arange(owner.numel()), [owner.numel()]
-    groups = [(owner == q).nonzero().view(-1) for q in range(world_size)]
-    return torch.cat(groups), [g.numel() for g in groups]
 
 
 def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
