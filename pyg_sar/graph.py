@@ -191,12 +191,12 @@ class DistGraph:
         csc_ptr = csc_ptr.to(torch.long)
         self.num_edges = int(csc_ptr[-1])
         self.in_degree = (csc_ptr[1:] - csc_ptr[:-1])
+        self._csc_degree, self._csc_edges = self.in_degree, self.num_edges
         dst = torch.repeat_interleave(torch.arange(self.num_nodes,
                                                    device=self.device),
                                       self.in_degree)
         src_global = csc_src.to(torch.long)
         self.edge_ids = edge_ids
-        self._dst = dst
         self._src_global = src_global
         self._build_plan(src_global, dst)
         self._views: Dict[str, 'DistGraph'] = {}
@@ -221,7 +221,8 @@ class DistGraph:
         self.device = device
         self.node_ptr, self.in_degree = move(self.node_ptr), \
             move(self.in_degree)
-        self.edge_ids, self._dst = move(self.edge_ids), move(self._dst)
+        self._csc_degree = self.in_degree
+        self.edge_ids = move(self.edge_ids)
         self._src_global = move(self._src_global)
         if getattr(self, 'orig_ids', None) is not None:
             self.orig_ids = move(self.orig_ids)
@@ -344,11 +345,16 @@ class DistGraph:
 
     def edge_dst(self) -> Tensor:
         """Local destination id of every edge, in base edge order."""
-        return self._dst
+        # Recomputed from the CSC degrees rather than kept (8 bytes per edge
+        # saved); views (self loops) share their base's CSC.
+        return torch.repeat_interleave(
+            torch.arange(self.num_nodes, device=self.device),
+            self._csc_degree, output_size=self._csc_edges)
 
     def edge_index(self) -> Tensor:
         """This worker's in-edges as ``[2, E]`` global ``(src, dst)`` ids."""
-        return torch.stack([self._src_global, self._dst + self.node_offset])
+        return torch.stack([self._src_global,
+                            self.edge_dst() + self.node_offset])
 
     def source_values(self, node_values: Tensor,
                       cache_key: Optional[str] = None) -> List[Tensor]:

@@ -61,7 +61,7 @@ class ReversedGraph(DistGraph):
 def reverse_graph(graph: DistGraph) -> ReversedGraph:
     """Builds the transposed graph of ``graph`` (collective)."""
     P, p = graph.world_size, graph.rank
-    src = graph._src_global
+    src, dst = graph._src_global, graph.edge_dst()
     owner = torch.searchsorted(graph.node_ptr, src, right=True) - 1
     dev = graph.device
     pos = torch.arange(graph.num_edges, device=dev)
@@ -74,7 +74,7 @@ def reverse_graph(graph: DistGraph) -> ReversedGraph:
         sel = by_owner[start:start + counts[q]]
         start += counts[q]
         outgoing.append(torch.stack([src[sel] - graph.node_ptr[q],
-                                     graph._dst[sel] + graph.node_offset,
+                                     dst[sel] + graph.node_offset,
                                      pos[sel]], dim=1))
         sent_pos[q] = pos[sel]
     incoming = comm.all_to_all_v(outgoing)

@@ -109,7 +109,8 @@ class GCNConv(DistMessagePassing):
                 edge_weight, fill, keep_existing_loops=True)
             graph = graph.with_self_loops()
         deg = edge_weight.new_zeros(graph.num_nodes)
-        dst_of_edge = graph.edge_dst().new_empty(graph.num_edges)
+        dst_of_edge = torch.empty(graph.num_edges, dtype=torch.long,
+                                  device=graph.device)
         src_deg = edge_weight.new_empty(graph.num_edges)
         for block in graph.blocks:
             dst_of_edge[block.edge_pos] = block.dst
