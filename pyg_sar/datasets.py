@@ -5,6 +5,7 @@ raw files on connected machines. Offline, point ``root`` at a folder that holds
 the raw files in PyG's layout (for example a copy of ``../shared/data``).
 """
 import math
+import os.path as osp
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -15,6 +16,7 @@ from torch_geometric.data import Data
 PLANETOID_NAMES = ('Cora', 'CiteSeer', 'PubMed')
 AMAZON_NAMES = ('Computers', 'Photo')
 COAUTHOR_NAMES = ('CS', 'Physics')
+HETERO_NAMES = ('DBLP', 'IMDB')
 
 # Default size of the ``synthetic`` dataset; keyword arguments override it.
 SYNTHETIC_DEFAULTS: Dict[str, Any] = dict(
@@ -276,8 +278,8 @@ def _load_ogb(name: str, root: str) -> Data:
 def available() -> list:
     """Names accepted by :func:`load` (``ogbn-*`` needs the ``ogb`` package).
     """
-    return ['synthetic', *PLANETOID_NAMES, *AMAZON_NAMES, *COAUTHOR_NAMES,
-            'ogbn-<name>']
+    return ['synthetic', 'synthetic-hetero', *PLANETOID_NAMES, *AMAZON_NAMES,
+            *COAUTHOR_NAMES, *HETERO_NAMES, 'ogbn-<name>']
 
 
 def _layout(name: str, root: str) -> str:
@@ -287,6 +289,9 @@ def _layout(name: str, root: str) -> str:
                 f"{{x,tx,allx,y,ty,ally,graph,test.index}}")
     if name in AMAZON_NAMES:
         return f"{root}/{name}/raw/amazon_electronics_{name.lower()}.npz"
+    if name in HETERO_NAMES:
+        return (f"{root}/{name}/raw/{{adjM.npz,features_*.np[yz],labels.npy,"
+                f"node_types.npy,train_val_test_idx.npz}}")
     return f"{root}/{name}/raw/ms_academic_{name.lower()[:3]}.npz"
 
 
@@ -295,7 +300,12 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
     :class:`~torch_geometric.data.Data` with train/val/test masks.
 
     Args:
-        name (str): :obj:`"synthetic"`, a Planetoid name (:obj:`"Cora"`,
+        name (str): :obj:`"synthetic"`, :obj:`"synthetic-hetero"` (an
+            ogbn-mag-shaped :class:`HeteroData`, see
+            :mod:`pyg_sar.synthetic_hetero`), :obj:`"DBLP"` or
+            :obj:`"IMDB"` (heterogeneous, MAGNN's files; a
+            :class:`HeteroData` with the given masks), a Planetoid name
+            (:obj:`"Cora"`,
             :obj:`"CiteSeer"`, :obj:`"PubMed"`), an Amazon name
             (:obj:`"Computers"`, :obj:`"Photo"`), a Coauthor name
             (:obj:`"CS"`, :obj:`"Physics"`) or :obj:`"ogbn-*"` (needs the
@@ -306,11 +316,16 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
         seed (int, optional): Seed of the synthetic graph and of the random
             Amazon/Coauthor split. (default: :obj:`0`)
         **kwargs: Overrides of :func:`synthetic_graph`'s arguments for
-            :obj:`"synthetic"`; must be empty otherwise.
+            :obj:`"synthetic"` (of ``synthetic_hetero_graph``'s for
+            :obj:`"synthetic-hetero"`); must be empty otherwise.
     """
     if name == 'synthetic':
         options = {**SYNTHETIC_DEFAULTS, **kwargs}
         return synthetic_graph(seed=seed, **options)
+    if name == 'synthetic-hetero':
+        from pyg_sar.synthetic_hetero import synthetic_hetero_graph
+        options = {'num_papers': 100_000, **kwargs}
+        return synthetic_hetero_graph(seed=seed, **options)
 
     if kwargs:
         raise ValueError(f"Dataset '{name}' takes no extra options "
@@ -319,9 +334,14 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
     if name.startswith('ogbn-'):
         return _load_ogb(name, root)
 
-    from torch_geometric.datasets import Amazon, Coauthor, Planetoid
+    from torch_geometric.datasets import (DBLP, IMDB, Amazon, Coauthor,
+                                          Planetoid)
 
-    loaders: Dict[str, Callable[[], Any]] = {}
+    loaders: Dict[str, Callable[[], Any]] = {
+        # These two take the dataset's own folder as their root.
+        'DBLP': lambda: DBLP(osp.join(root, 'DBLP')),
+        'IMDB': lambda: IMDB(osp.join(root, 'IMDB')),
+    }
     for planetoid_name in PLANETOID_NAMES:
         loaders[planetoid_name] = (
             lambda n=planetoid_name: Planetoid(root, n))

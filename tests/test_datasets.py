@@ -110,3 +110,51 @@ def test_load_real(shared_data_root, name, num_nodes, num_classes):
         assert int(data.train_mask.sum()) == 20 * num_classes
         assert int(data.val_mask.sum()) == 30 * num_classes
         assert not bool((data.train_mask & data.test_mask).any())
+
+
+@pytest.mark.parametrize('name, node_type, num_nodes, num_classes', [
+    ('DBLP', 'author', 4057, 4),
+    ('IMDB', 'movie', 4278, 3),
+])
+def test_load_heterogeneous(shared_data_root, name, node_type, num_nodes,
+                            num_classes):
+    data = datasets.load(name, shared_data_root)
+    assert data[node_type].num_nodes == num_nodes
+    assert int(data[node_type].y.max()) + 1 == num_classes
+    assert int(data[node_type].train_mask.sum()) > 0
+    assert len(data.edge_types) >= 4
+
+
+def test_synthetic_hetero_graph_is_shaped_like_ogbn_mag():
+    from pyg_sar.synthetic_hetero import RELATIONS
+    data = datasets.load('synthetic-hetero', seed=1, num_papers=3000,
+                         num_features=8, num_classes=5)
+    again = datasets.load('synthetic-hetero', seed=1, num_papers=3000,
+                          num_features=8, num_classes=5)
+    other = datasets.load('synthetic-hetero', seed=2, num_papers=3000,
+                          num_features=8, num_classes=5)
+    assert set(data.node_types) == {'paper', 'author', 'institution',
+                                    'field_of_study'}
+    assert tuple(data.edge_types) == RELATIONS
+    assert data['paper'].x.shape == (3000, 8)
+    assert data['author'].num_nodes == 4620
+    for relation in RELATIONS:
+        edge_index = data[relation].edge_index
+        src_type, _, dst_type = relation
+        assert int(edge_index[0].max()) < data[src_type].num_nodes
+        assert int(edge_index[1].max()) < data[dst_type].num_nodes
+        codes = edge_index[0] * data[dst_type].num_nodes + edge_index[1]
+        assert codes.unique().numel() == codes.numel()  # no duplicates
+        assert torch.equal(edge_index, again[relation].edge_index)
+    assert not torch.equal(data['paper', 'cites', 'paper'].edge_index,
+                           other['paper', 'cites', 'paper'].edge_index)
+    # Per-paper sizes near ogbn-mag's, and authors mostly of one class.
+    writes = data['author', 'writes', 'paper'].edge_index
+    assert 2.0 < writes.size(1) / 3000 < 3.2
+    topics = data['paper', 'has_topic', 'field_of_study'].edge_index
+    assert 8.0 < topics.size(1) / 3000 < 11.0
+    y = data['paper'].y
+    first = torch.full((data['author'].num_nodes, ), -1)
+    first[writes[0].flip(0)] = y[writes[1].flip(0)]
+    same = (y[writes[1]] == first[writes[0]]).float().mean()
+    assert same > 0.6
