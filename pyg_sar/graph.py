@@ -201,6 +201,8 @@ class DistGraph:
         self._build_plan(src_global, dst)
         self._views: Dict[str, 'DistGraph'] = {}
         self._source_cache: Dict[str, List[Tensor]] = {}
+        # The running layer-wise computation, shared with every view.
+        self._layer_wise: List = [None]
         # Per-graph constants that layers derive once (e.g. GCN's norm).
         self.derived: Dict = {}
 
@@ -473,6 +475,14 @@ class DistGraph:
             out[1, merged.edge_pos] = merged.dst
             self.derived['halo_edge_index'] = out
         return self.derived['halo_edge_index']
+
+    def layer_wise(self, seeds: Tensor, hops: int):
+        """Per-propagation destination sets for outputs needed only at
+        ``seeds`` (a local mask or owned global ids), for a model of
+        ``hops`` propagations; collective. Use the result as a context
+        manager around the forward (:mod:`pyg_sar.mfg`)."""
+        from pyg_sar.mfg import LayerWise
+        return LayerWise(self, seeds, hops)
 
     # Any node, by id ##########################################################
 

@@ -90,6 +90,10 @@ class DistMessagePassing(MessagePassing):
         _check_size(self, graph, size)
         _check_device(self, graph, kwargs)
         reason = self.neighborhood_reason(graph, kwargs)
+        layer_wise = graph._layer_wise[0]
+        if layer_wise is not None:
+            _check_layer_wise(self, reason)
+            graph = layer_wise.step(self, graph)
         if reason is None:
             return self.update(engine.propagate(self, graph, kwargs))
         if self.attention:
@@ -107,6 +111,8 @@ class DistMessagePassing(MessagePassing):
                             f"pyg_sar.DistGraph (got {type(graph).__name__})")
         _check_size(self, graph, size)
         _check_device(self, graph, kwargs)
+        if graph._layer_wise[0] is not None:
+            _check_layer_wise(self, 'edge_updater')
         return propagate_on_graph(self, graph, kwargs, 'edge_updater')
 
     def neighborhood_reason(self, graph: DistGraph, kwargs) -> Optional[str]:
@@ -193,3 +199,17 @@ def _check_device(module, graph: DistGraph, kwargs) -> None:
                     f"the DistGraph is on {graph.device}; move the graph "
                     f"with graph.to({str(v.device)!r}) (or build it with "
                     f"DistGraph(part, device=...))")
+
+
+def _check_layer_wise(module, reason: Optional[str]) -> None:
+    """Layer-wise MFGs stay exact only on the SAR engine, without attention
+    dropout (its mask depends on the edges visited)."""
+    name = type(module).__name__
+    if reason is not None:
+        raise ValueError(f"{name}: layer-wise MFGs need layers on the SAR "
+                         f"engine (this call takes the whole-neighborhood "
+                         f"path: {reason}); run it without layer_wise")
+    if module.attention and module.attention_dropout > 0 and module.training:
+        raise ValueError(f"{name}: attention dropout is not supported with "
+                         f"layer-wise MFGs (its mask depends on the edges "
+                         f"visited); set dropout=0 or run without layer_wise")

@@ -25,6 +25,12 @@ def global_mean(x: Tensor) -> Tuple[Tensor, int]:
     Sums are accumulated in at least float32 (and the count travels in the
     same message); the mean is returned in ``x``'s dtype.
     """
+    from pyg_sar.mfg import active
+    if active() is not None:
+        raise ValueError("a norm over all nodes (its statistics mix every "
+                         "row) is not exact with layer-wise MFGs, which "
+                         "compute only the rows the seeds need; run the "
+                         "model without layer_wise")
     acc = torch.promote_types(x.dtype, torch.float32)
     local = torch.cat([x.sum(0, dtype=acc).reshape(-1),
                        torch.full((1, ), x.size(0), dtype=acc,

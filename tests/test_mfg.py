@@ -1,0 +1,119 @@
+"""Layer-wise MFGs (``graph.layer_wise``): outputs at the seeds and every
+gradient equal the full computation, at world sizes 1-3, in every mode; what
+would not be exact is refused."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyg_sar
+from pyg_sar import nn as dnn
+from _dist import run_workers
+from _graphs import hard_graph
+
+LAYERS = {
+    'sage': lambda i, o: dnn.SAGEConv(i, o),
+    'sage_max': lambda i, o: dnn.SAGEConv(i, o, aggr='max'),
+    'gcn': lambda i, o: dnn.GCNConv(i, o),
+    'gat': lambda i, o: dnn.GATConv(i, o, heads=2, concat=False),
+    'gin': lambda i, o: dnn.GINConv(torch.nn.Sequential(
+        torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))),
+    'graph': lambda i, o: dnn.GraphConv(i, o),
+}
+
+
+class Net(torch.nn.Module):
+    def __init__(self, kind, dims, norm=None):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            LAYERS[kind](a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.norm = norm
+
+    def forward(self, x, graph):
+        for k, conv in enumerate(self.convs):
+            x = conv(x, graph)
+            if k < len(self.convs) - 1:
+                if self.norm is not None:
+                    x = self.norm(x)
+                x = F.dropout(x.relu(), p=0.3, training=self.training)
+        return x
+
+
+def _run(rank, world_size, root, kind, mode):
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=23)
+    torch.manual_seed(0)
+    model = Net(kind, [part.x.size(1), 8, 8, 3])
+    pyg_sar.sync_params(model)
+    seeds = part.train_mask
+    weight = torch.randn(int(seeds.sum()), 3,
+                         generator=torch.Generator().manual_seed(rank))
+    results = []
+    mfg = graph.layer_wise(seeds, hops=3)
+    for layer_wise in (False, True, True):  # reused across forwards
+        torch.manual_seed(7 + rank)
+        model.zero_grad()
+        x = part.x.clone().requires_grad_()
+        if layer_wise:
+            with mfg:
+                out = model(x, graph)
+        else:
+            out = model(x, graph)
+        (out[seeds] * weight).sum().backward()
+        pyg_sar.all_reduce_grads(model)
+        results.append((out[seeds].detach(), x.grad,
+                        [p.grad.clone() for p in model.parameters()]))
+    return results, mfg.num_destinations(), int(seeds.sum())
+
+
+@pytest.mark.parametrize('kind', sorted(LAYERS))
+@pytest.mark.parametrize('world_size,mode', [(1, 'sar'), (2, 'one_shot'),
+                                             (3, 'sar'), (3, 'sa')])
+def test_layer_wise_equals_full(tmp_path, kind, world_size, mode):
+    root = str(tmp_path / 'parts')
+    data = hard_graph()
+    data.train_mask = torch.zeros(data.num_nodes, dtype=torch.bool)
+    data.train_mask[torch.arange(5, data.num_nodes, 17)] = True
+    pyg_sar.partition_graph(data, world_size, root)
+    for (full, *mfgs), sizes, num_seeds in run_workers(
+            _run, world_size, root, kind, mode, timeout_s=60):
+        for again in mfgs:
+            torch.testing.assert_close(again[0], full[0], rtol=1e-5,
+                                       atol=1e-6)
+            torch.testing.assert_close(again[1], full[1], rtol=1e-5,
+                                       atol=1e-6)
+            for a, b in zip(again[2], full[2]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        # The sets shrink toward the seeds.
+        assert sizes[-1] == num_seeds
+        assert sizes[0] >= sizes[1] >= sizes[2]
+
+
+def test_layer_wise_refusals(tmp_path):
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(hard_graph(), 1, root)
+    part = pyg_sar.load_partition(root, 0)
+    graph = pyg_sar.DistGraph(part)
+    x = part.x
+    dims = [x.size(1), 4, 4, 3]
+    with pytest.raises(ValueError, match='more than hops=2 propagations'):
+        with graph.layer_wise(part.train_mask, hops=2):
+            Net('sage', dims)(x, graph)
+    norm = pyg_sar.nn.to_distributed(
+        torch.nn.Sequential(__import__('torch_geometric').nn.BatchNorm(4)))
+    with pytest.raises(ValueError, match='norm over all nodes'):
+        with graph.layer_wise(part.train_mask, hops=3):
+            Net('sage', dims, norm=norm[0])(x, graph)
+    gat = dnn.GATConv(x.size(1), 3, dropout=0.5)
+    with pytest.raises(ValueError, match='attention dropout'):
+        with graph.layer_wise(part.train_mask, hops=1):
+            gat(x, graph)
+    std = dnn.SAGEConv(x.size(1), 3, aggr='std')
+    with pytest.raises(ValueError, match='whole-neighborhood'):
+        with graph.layer_wise(part.train_mask, hops=1):
+            std(x, graph)
+    with pytest.raises(ValueError, match='hops must be a positive int'):
+        graph.layer_wise(part.train_mask, hops=0)
+    # After a refusal the graph is usable again, with and without MFGs.
+    Net('sage', dims)(x, graph)
+    with graph.layer_wise(part.train_mask, hops=3):
+        Net('sage', dims)(x, graph)
