@@ -119,7 +119,7 @@ def test_link_loader(tmp_path, world_size, parts3):
 
 def test_link_loader_refusals(parts3):
     part = load_partition(parts3, 0)
-    with pytest.raises(ValueError, match='temporal sampling'):
+    with pytest.raises(ValueError, match='edge_label_time needs time_attr'):
         DistLinkNeighborLoader(part, [2], edge_label_time=torch.zeros(3))
     with pytest.raises(ValueError, match='triplet'):
         DistLinkNeighborLoader(part, [2], edge_label=torch.ones(2),
@@ -133,3 +133,65 @@ def test_link_loader_refusals(parts3):
     for value in ('khop', SubgraphType.induced.value + 'x'):
         with pytest.raises(ValueError, match='subgraph_type'):
             DistNeighborLoader(part, [2], subgraph_type=value)
+
+
+def _temporal_links(rank, world_size, root):
+    ref = _reference(root, world_size)
+    part = load_partition(root, rank)
+    parts = [load_partition(root, r) for r in range(world_size)]
+    edge_t = torch.empty(part.num_edges, dtype=torch.long)
+    for p in parts:
+        edge_t[p.csc_eid] = p.et
+    gen = torch.Generator().manual_seed(rank)
+    pairs = torch.randint(0, part.num_nodes, (2, 17), generator=gen)
+    times = torch.randint(30, 100, (17, ), generator=gen)
+    loader = DistLinkNeighborLoader(
+        part, FANOUTS, edge_label_index=pairs, edge_label_time=times,
+        time_attr='et', neg_sampling='binary', batch_size=5, seed=1,
+        pad_batches=True)
+    assert loader.disjoint
+    checked = 0
+    for batch in loader:
+        num_pos = batch.input_id.numel()
+        total = 2 * num_pos
+        n_id, tree = batch.n_id, batch.batch
+        assert torch.equal(batch.edge_label_index,
+                           torch.arange(2 * total).view(2, -1))
+        assert torch.equal(n_id[batch.edge_label_index[:, :num_pos]],
+                           pairs[:, batch.input_id])
+        pair_time = times[batch.input_id]
+        assert torch.equal(batch.edge_label_time, pair_time.repeat(2))
+        if num_pos:
+            assert torch.equal(tree[:2 * total],
+                               torch.arange(2 * total) % num_pos)
+            col = batch.edge_index[1]
+            assert bool((edge_t[batch.e_id] <= pair_time[tree[col]]).all())
+            assert torch.equal(ref['dst'][batch.e_id], n_id[col])
+        checked += 1
+    # Triplets, disjoint without times.
+    triplet = DistLinkNeighborLoader(
+        part, FANOUTS, edge_label_index=pairs, disjoint=True,
+        neg_sampling=dict(mode='triplet', amount=2), batch_size=4, seed=2,
+        pad_batches=True)
+    for batch in triplet:
+        num_pos = batch.input_id.numel()
+        n_id = batch.n_id
+        assert torch.equal(n_id[batch.src_index], pairs[0, batch.input_id])
+        assert torch.equal(n_id[batch.dst_pos_index],
+                           pairs[1, batch.input_id])
+        assert batch.dst_neg_index.shape == (num_pos, 2)
+        if num_pos:
+            assert torch.equal(batch.batch[batch.dst_neg_index],
+                               torch.arange(num_pos).view(-1, 1).expand(
+                                   -1, 2))
+    return checked
+
+
+def test_temporal_and_disjoint_link_batches(tmp_path):
+    root = str(tmp_path / 'three')
+    data = datasets.synthetic_graph(150, 6, 4, 3, seed=12)
+    data.edge_attr = torch.randn(data.num_edges, 2)
+    data.et = torch.randint(0, 100, (data.num_edges, ),
+                            generator=torch.Generator().manual_seed(0))
+    partition_graph(data, 3, root)
+    assert sum(run_workers(_temporal_links, 3, root, timeout_s=90)) > 3

@@ -76,7 +76,14 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             in-edges.
         edge_label (Tensor, optional): One label per pair (binary or no
             negative sampling only).
-        edge_label_time: Temporal link sampling is refused (not supported).
+        edge_label_time (Tensor, optional): One time per pair, for
+            temporal link sampling with ``time_attr`` (disjoint, as in PyG:
+            every endpoint's subtree is no later than its pair's time;
+            negatives inherit the times; with node timestamps, negative
+            sampling is refused).
+        disjoint (bool): PyG's disjoint link layout: one subtree per
+            endpoint, ``edge_label_index`` numbering the seeds in order,
+            ``batch`` the pair of every node.
         subgraph_type, device, and PyG's RPC arguments: as for
             :class:`DistNeighborLoader` (PyG's positional order works too).
         neg_sampling (NegativeSampling, str or dict, optional): PyG's
@@ -93,7 +100,7 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                  **kwargs: Any) -> None:
         options = resolve(type(self).__name__, args, kwargs, LINK_ORDER,
                           PYG_LINK_ORDER)
-        options.pop('edge_label_time')  # refused by resolve unless None
+        self._label_time_arg = options.pop('edge_label_time')
         self.neg_sampling = _negative_sampling(
             options.pop('neg_sampling'), options.pop('neg_sampling_ratio'))
         self._label_index_arg = options.pop('edge_label_index')
@@ -143,6 +150,24 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         self.edge_label_index, self.edge_label = index, label
         return torch.arange(index.size(1))
 
+    def _seed_times(self, input_time, node_time) -> Optional[Tensor]:
+        """Temporal link sampling: the time of every pair."""
+        times = self._label_time_arg
+        if times is None:
+            raise ValueError("temporal link sampling (time_attr) needs "
+                             "edge_label_time, one time per pair")
+        times = torch.as_tensor(times)
+        if times.dim() != 1 or times.numel() != self.edge_label_index.size(1):
+            raise ValueError(f"edge_label_time must hold one time per pair "
+                             f"({self.edge_label_index.size(1)}), got shape "
+                             f"{list(times.shape)}")
+        if node_time is not None and self.neg_sampling is not None:
+            raise ValueError(
+                "negative sampling with node timestamps is not supported "
+                "(negatives would need the times of remote nodes); put the "
+                "timestamps on the edges or sample without negatives")
+        return times
+
     def _extra_config(self) -> Tuple:
         neg = self.neg_sampling
         if neg is None:
@@ -175,6 +200,7 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         if neg is None or neg.is_binary():
             label = self.edge_label[own] if self.edge_label is not None \
                 else None
+        num_neg = 0
         if neg is not None:
             num_neg = math.ceil(num_pos * neg.amount)
             if neg.is_binary():
@@ -186,19 +212,66 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                     [label, label.new_zeros((num_neg, *label.shape[1:]))])
             else:
                 dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
+        if self.disjoint:
+            return self._disjoint_batch(own, src, dst, label, num_pos,
+                                        num_neg)
         seeds, inverse = torch.cat([src, dst]).unique(return_inverse=True)
         batch = self._sample_round(seeds, own)
         del batch.batch_size
         if neg is not None and neg.is_triplet():
             batch.src_index = inverse[:num_pos]
             batch.dst_pos_index = inverse[num_pos:2 * num_pos]
-            neg_index = inverse[2 * num_pos:]
-            batch.dst_neg_index = (
-                neg_index.view(num_pos, -1).squeeze(-1) if num_pos else
-                neg_index.new_empty((0, ) if math.ceil(neg.amount) == 1
-                                    else (0, math.ceil(neg.amount))))
+            batch.dst_neg_index = self._neg_index(inverse[2 * num_pos:],
+                                                  num_pos)
         else:
             batch.edge_label_index = inverse.view(2, -1)
+            if label is not None:
+                batch.edge_label = label
+        return batch
+
+    def _neg_index(self, index: Tensor, num_pos: int) -> Tensor:
+        if num_pos:
+            return index.view(num_pos, -1).squeeze(-1)
+        amount = math.ceil(self.neg_sampling.amount)
+        return index.new_empty((0, ) if amount == 1 else (0, amount))
+
+    def _disjoint_batch(self, own: Tensor, src: Tensor, dst: Tensor,
+                        label: Optional[Tensor], num_pos: int,
+                        num_neg: int) -> Data:
+        """PyG's disjoint link layout: every endpoint (positives, then
+        negatives) grows its own subtree; ``batch`` is the pair of each
+        node; with temporal sampling every subtree is no later than its
+        pair's time."""
+        from pyg_sar.loader.disjoint import disjoint_round
+        neg = self.neg_sampling
+        seed_time = None
+        if self.seed_time is not None:
+            times = self.seed_time[own]
+            if neg is not None and neg.is_triplet():
+                src_time = times
+                dst_time = times.repeat(1 + math.ceil(neg.amount))[
+                    :dst.numel()]
+            else:
+                src_time = dst_time = times.repeat(
+                    1 + math.ceil(neg.amount if neg is not None else 0))[
+                        :num_pos + num_neg]
+            seed_time = torch.cat([src_time, dst_time])
+        batch = disjoint_round(self, torch.cat([src, dst]), own, seed_time)
+        del batch.batch_size
+        if 'seed_time' in batch:
+            del batch.seed_time
+            batch.edge_label_time = src_time
+        batch.batch = batch.batch % max(num_pos, 1)
+        if neg is not None and neg.is_triplet():
+            batch.src_index = torch.arange(num_pos)
+            batch.dst_pos_index = torch.arange(num_pos, 2 * num_pos)
+            rest = torch.arange(2 * num_pos, src.numel() + dst.numel())
+            batch.dst_neg_index = self._neg_index(
+                rest.view(-1, num_pos).t().reshape(-1) if num_pos else rest,
+                num_pos)
+        else:
+            total = num_pos + num_neg
+            batch.edge_label_index = torch.arange(2 * total).view(2, -1)
             if label is not None:
                 batch.edge_label = label
         return batch

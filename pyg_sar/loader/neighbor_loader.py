@@ -202,9 +202,9 @@ class DistNeighborLoader:
         self.num_global_batches = self._agree_with_peers()
         self.edge_time = self.seed_time = None
         if time_attr is not None:
-            from pyg_sar.loader.temporal import edge_times, seed_times
+            from pyg_sar.loader.temporal import edge_times
             self.edge_time, node_time = edge_times(self.shard, time_attr)
-            self.seed_time = seed_times(self, input_time, node_time)
+            self.seed_time = self._seed_times(input_time, node_time)
         # Global id -> batch-local id of the batch being built; -1 = absent.
         self._local_index = torch.full((self.shard.num_nodes, ), -1,
                                        dtype=torch.int32)
@@ -299,6 +299,12 @@ class DistNeighborLoader:
                 'this rank; its peers would wait forever. Iterate every epoch '
                 'to the end (no break) on every rank')
         return self._epoch()
+
+    def _seed_times(self, input_time: Optional[Tensor],
+                    node_time: Optional[Tensor]) -> Optional[Tensor]:
+        """The time of every input (temporal sampling)."""
+        from pyg_sar.loader.temporal import seed_times
+        return seed_times(self, input_time, node_time)
 
     def _serve_map(self) -> Tensor:
         """A scratch map over the global ids, all ``-1`` between uses

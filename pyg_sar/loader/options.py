@@ -67,9 +67,9 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
         options[key] = value
     _check_rpc(name, options)
     _check_unsupported(name, options)
-    extra = ('subgraph_type', 'device', 'weight_attr', 'disjoint') + (
-        ('time_attr', 'input_time', 'temporal_strategy')
-        if name == 'DistNeighborLoader' else ())
+    extra = ('subgraph_type', 'device', 'weight_attr', 'disjoint',
+             'time_attr', 'temporal_strategy') + (
+        ('input_time', ) if name == 'DistNeighborLoader' else ())
     known = set(order) | set(extra)
     for key in options:
         if key not in known:
@@ -113,10 +113,13 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
         raise ValueError(f"{name}: dist_sampler is not supported (pyg_sar "
                          f"samples with its own collective sampler)")
     link = name != 'DistNeighborLoader'
-    for key in ('input_time', 'time_attr', 'edge_label_time'):
-        if options.get(key) is not None and (link or key == 'edge_label_time'):
-            raise ValueError(f"{name}: temporal sampling ({key}) is not "
-                             f"supported for link batches")
+    if link and options.get('input_time') is not None:
+        raise ValueError(f"{name}: input_time is for node batches; link "
+                         f"batches take edge_label_time")
+    if link and options.get('edge_label_time') is not None and \
+            options.get('time_attr') is None:
+        raise ValueError(f"{name}: edge_label_time needs time_attr (the node "
+                         f"or edge attribute holding the timestamps)")
     strategy = options.get('temporal_strategy', 'uniform')
     if strategy not in ('uniform', 'last'):
         raise ValueError(f"{name}: temporal_strategy must be 'uniform' or "
@@ -125,11 +128,7 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
         raise ValueError(f"{name}: temporal_strategy={strategy!r} needs "
                          f"time_attr")
     if link:
-        for key in ('input_time', 'time_attr', 'temporal_strategy'):
-            options.pop(key, None)
-    if options.get('disjoint', False) and name != 'DistNeighborLoader':
-        raise ValueError(f"{name}: disjoint=True is not supported for link "
-                         f"batches")
+        options.pop('input_time', None)
     if not options.pop('directed', True):
         raise ValueError(f"{name}: directed=False is not supported; use "
                          f"subgraph_type='bidirectional'")
