@@ -168,6 +168,25 @@ def _temporal_links(rank, world_size, root):
             assert bool((edge_t[batch.e_id] <= pair_time[tree[col]]).all())
             assert torch.equal(ref['dst'][batch.e_id], n_id[col])
         checked += 1
+    # Node timestamps: negatives no later than their pair (PyG's greedy
+    # re-draws; what stays invalid becomes the earliest node).
+    node_t = torch.cat([p.t for p in parts])
+    by_node = DistLinkNeighborLoader(
+        part, FANOUTS, edge_label_index=pairs, edge_label_time=times,
+        time_attr='t', neg_sampling=dict(mode='binary', amount=2),
+        batch_size=5, seed=3, pad_batches=True)
+    earliest = int(torch.argmin(node_t))
+    for batch in by_node:
+        num_pos = batch.input_id.numel()
+        ends = batch.n_id[batch.edge_label_index[:, num_pos:]]
+        limit = times[batch.input_id].repeat(2)
+        ok = (node_t[ends] <= limit) | (ends == earliest)
+        assert bool(ok.all())
+        col = batch.edge_index[1]
+        src = batch.n_id[batch.edge_index[0]]
+        if num_pos:
+            limit_all = batch.edge_label_time[batch.batch[col]]
+            assert bool((node_t[src] <= limit_all).all())
     # Triplets, disjoint without times.
     triplet = DistLinkNeighborLoader(
         part, FANOUTS, edge_label_index=pairs, disjoint=True,
@@ -193,5 +212,7 @@ def test_temporal_and_disjoint_link_batches(tmp_path):
     data.edge_attr = torch.randn(data.num_edges, 2)
     data.et = torch.randint(0, 100, (data.num_edges, ),
                             generator=torch.Generator().manual_seed(0))
+    data.t = torch.randint(0, 100, (data.num_nodes, ),
+                           generator=torch.Generator().manual_seed(1))
     partition_graph(data, 3, root)
     assert sum(run_workers(_temporal_links, 3, root, timeout_s=90)) > 3

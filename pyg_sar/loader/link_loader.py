@@ -79,8 +79,8 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         edge_label_time (Tensor, optional): One time per pair, for
             temporal link sampling with ``time_attr`` (disjoint, as in PyG:
             every endpoint's subtree is no later than its pair's time;
-            negatives inherit the times; with node timestamps, negative
-            sampling is refused).
+            negatives inherit the times; with node timestamps, negatives
+            later than their pair are re-drawn as PyG does).
         disjoint (bool): PyG's disjoint link layout: one subtree per
             endpoint, ``edge_label_index`` numbering the seeds in order,
             ``batch`` the pair of every node.
@@ -161,11 +161,6 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             raise ValueError(f"edge_label_time must hold one time per pair "
                              f"({self.edge_label_index.size(1)}), got shape "
                              f"{list(times.shape)}")
-        if node_time is not None and self.neg_sampling is not None:
-            raise ValueError(
-                "negative sampling with node timestamps is not supported "
-                "(negatives would need the times of remote nodes); put the "
-                "timestamps on the edges or sample without negatives")
         return times
 
     def _extra_config(self) -> Tuple:
@@ -177,9 +172,20 @@ class DistLinkNeighborLoader(DistNeighborLoader):
 
     # One batch ##############################################################
 
-    def _negatives(self, num: int, endpoint: str) -> Tensor:
+    def _negatives(self, num: int, endpoint: str,
+                   own: Optional[Tensor] = None) -> Tensor:
         """``num`` node ids drawn over the whole graph (PyG's
-        ``NegativeSampling.sample``, from this loader's generator)."""
+        ``NegativeSampling.sample``, from this loader's generator); with
+        node timestamps, none later than its pair's time (PyG's greedy
+        re-draws; collective)."""
+        if self.node_time is not None and own is not None:
+            from pyg_sar.loader.temporal import temporal_negatives
+            times = self.seed_time[own]
+            repeats = math.ceil(self.neg_sampling.amount)
+            seed_time = times.repeat(repeats)[:num] if times.numel() else \
+                times[:0]
+            return temporal_negatives(
+                self, lambda n: self._negatives(n, endpoint), seed_time)
         weight = getattr(self.neg_sampling, f'{endpoint}_weight')
         if weight is None:
             return torch.randint(self.shard.num_nodes, (num, ),
@@ -204,14 +210,14 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         if neg is not None:
             num_neg = math.ceil(num_pos * neg.amount)
             if neg.is_binary():
-                src = torch.cat([src, self._negatives(num_neg, 'src')])
-                dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
+                src = torch.cat([src, self._negatives(num_neg, 'src', own)])
+                dst = torch.cat([dst, self._negatives(num_neg, 'dst', own)])
                 if label is None:
                     label = torch.ones(num_pos)
                 label = torch.cat(
                     [label, label.new_zeros((num_neg, *label.shape[1:]))])
             else:
-                dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
+                dst = torch.cat([dst, self._negatives(num_neg, 'dst', own)])
         if self.disjoint:
             return self._disjoint_batch(own, src, dst, label, num_pos,
                                         num_neg)

@@ -200,10 +200,11 @@ class DistNeighborLoader:
             (self.seed * 1_000_003 + self.rank) % (2**63 - 1))
 
         self.num_global_batches = self._agree_with_peers()
-        self.edge_time = self.seed_time = None
+        self.edge_time = self.seed_time = self.node_time = None
         if time_attr is not None:
             from pyg_sar.loader.temporal import edge_times
             self.edge_time, node_time = edge_times(self.shard, time_attr)
+            self.node_time = node_time
             self.seed_time = self._seed_times(input_time, node_time)
         # Global id -> batch-local id of the batch being built; -1 = absent.
         self._local_index = torch.full((self.shard.num_nodes, ), -1,

@@ -122,3 +122,45 @@ def seed_times(loader, input_time: Optional[Tensor],
         raise ValueError("time_attr is an edge attribute: pass input_time, "
                          "the seeds' times")
     return node_time[seeds - loader.shard.node_start]
+
+
+def node_times(loader, ids: Tensor) -> Tensor:
+    """The node time of any global ids, from their owners (collective)."""
+    shard = loader.shard
+    owner = shard.owner(ids)
+    order = torch.argsort(owner, stable=True)
+    counts = torch.bincount(owner, minlength=shard.num_parts).tolist()
+    asked = comm.all_to_all_v(list(ids[order].split(counts)))
+    replies = [loader.node_time[q - shard.node_start] for q in asked]
+    answers = torch.cat(comm.all_to_all_v(replies))
+    out = torch.empty_like(answers)
+    out[order] = answers
+    return out
+
+
+def earliest_node(loader) -> int:
+    """The global id of a node with the smallest time (collective)."""
+    shard = loader.shard
+    if loader.node_time.numel():
+        local = int(torch.argmin(loader.node_time))
+        mine = (loader.node_time[local].item(), shard.node_start + local)
+    else:
+        mine = (float('inf'), -1)
+    return min(comm.all_gather_object(mine))[1]
+
+
+def temporal_negatives(loader, draw, seed_time: Tensor,
+                       rounds: int = 5) -> Tensor:
+    """PyG's greedy temporal negatives: draw one node per entry of
+    ``seed_time`` (``draw(n)``), re-draw those later than their seed time up
+    to ``rounds`` times, and give what is still invalid the earliest node.
+    Collective: every rank runs the same number of lookups."""
+    out = draw(seed_time.numel())
+    for _ in range(rounds):
+        invalid = node_times(loader, out) > seed_time
+        out[invalid] = draw(int(invalid.sum()))
+    invalid = node_times(loader, out) > seed_time
+    if not hasattr(loader, '_earliest_node'):
+        loader._earliest_node = earliest_node(loader)
+    out[invalid] = loader._earliest_node
+    return out
