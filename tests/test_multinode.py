@@ -131,15 +131,40 @@ def _host_copy(parts, dest, rank):
                     osp.join(dest, f'part_{rank}'))
 
 
+def _clean_env():
+    """The environment without a launcher's variables (torchrun sets its
+    own), one thread per worker."""
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    for key in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE',
+                'LOCAL_RANK', 'GLOO_SOCKET_IFNAME'):
+        env.pop(key, None)
+    return env
+
+
+def _host_command(ip, r, name, train_args):
+    """``pyg-sar train`` under torchrun in namespace ``r``, one worker, the
+    c10d rendezvous on host 0. c10d ignores --node-rank and ranks the
+    agents by their --local-addr, so 10.77.0.1 gets rank 0; --local-addr is
+    also MASTER_ADDR (the hostname here resolves to 127.0.0.1); is_host:
+    the endpoint is not the hostname's address, so the store's host must be
+    named."""
+    return [
+        ip, 'netns', 'exec', NS[r], sys.executable, '-m',
+        'torch.distributed.run', '--nnodes', '2', '--node-rank', str(r),
+        '--nproc-per-node', '1', '--rdzv-backend', 'c10d',
+        '--rdzv-endpoint', f'{ADDR[0]}:{RDZV_PORT}',
+        '--rdzv-id', f'pyg-sar-{name}-{PID}',
+        '--rdzv-conf', f'join_timeout=30,is_host={int(r == 0)}',
+        '--local-addr', ADDR[r], '-m', 'pyg_sar.cli', 'train', *train_args
+    ]
+
+
 def test_two_hosts_equal_one_host_bitwise(two_hosts, tmp_path):
     ip = two_hosts
     parts = str(tmp_path / 'parts')
     pyg_sar.partition_graph(datasets.synthetic_graph(300, 5, 8, 3, seed=0),
                             2, parts)
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    for key in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE',
-                'LOCAL_RANK', 'GLOO_SOCKET_IFNAME'):
-        env.pop(key, None)
+    env = _clean_env()
 
     # Two hosts, one worker each. c10d ignores --node-rank and ranks the
     # agents by their --local-addr, so 10.77.0.1 gets rank 0.
@@ -151,16 +176,8 @@ def test_two_hosts_equal_one_host_bitwise(two_hosts, tmp_path):
         host_parts = str(tmp_path / f'host{r}' / 'parts')
         _host_copy(parts, host_parts, r)
         outs.append(str(tmp_path / f'OUT_{r}.pt'))
-        command = [
-            ip, 'netns', 'exec', NS[r], sys.executable, '-m',
-            'torch.distributed.run', '--nnodes', '2', '--node-rank', str(r),
-            '--nproc-per-node', '1', '--rdzv-backend', 'c10d',
-            '--rdzv-endpoint', f'{ADDR[0]}:{RDZV_PORT}',
-            '--rdzv-id', f'pyg-sar-test-{PID}',
-            '--rdzv-conf', f'join_timeout=30,is_host={int(r == 0)}',
-            '--local-addr', ADDR[r], '-m', 'pyg_sar.cli', 'train',
-            '--parts', host_parts, *TRAIN_ARGS, '--save-model', outs[r]
-        ]
+        command = _host_command(ip, r, 'test', [
+            '--parts', host_parts, *TRAIN_ARGS, '--save-model', outs[r]])
         procs.append(_launch(command,
                              dict(env, GLOO_SOCKET_IFNAME=IFACE[r])))
     multi = _finish(procs, time.monotonic() + TIMEOUT_S)
@@ -201,10 +218,7 @@ def test_two_hosts_stop_fast_when_a_part_is_corrupt(two_hosts, tmp_path):
     parts = str(tmp_path / 'parts')
     pyg_sar.partition_graph(datasets.synthetic_graph(300, 5, 8, 3, seed=0),
                             2, parts)
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    for key in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE',
-                'LOCAL_RANK', 'GLOO_SOCKET_IFNAME'):
-        env.pop(key, None)
+    env = _clean_env()
     procs = []
     args = [a if a != '20' else '300' for a in TRAIN_ARGS]
     for r in range(2):
@@ -216,16 +230,8 @@ def test_two_hosts_stop_fast_when_a_part_is_corrupt(two_hosts, tmp_path):
                 blob = f.read()
             with open(path, 'wb') as f:
                 f.write(blob[:len(blob) // 2])
-        command = [
-            ip, 'netns', 'exec', NS[r], sys.executable, '-m',
-            'torch.distributed.run', '--nnodes', '2', '--node-rank', str(r),
-            '--nproc-per-node', '1', '--rdzv-backend', 'c10d',
-            '--rdzv-endpoint', f'{ADDR[0]}:{RDZV_PORT}',
-            '--rdzv-id', f'pyg-sar-fail-{PID}',
-            '--rdzv-conf', f'join_timeout=30,is_host={int(r == 0)}',
-            '--local-addr', ADDR[r], '-m', 'pyg_sar.cli', 'train',
-            '--parts', host_parts, *args
-        ]
+        command = _host_command(ip, r, 'fail',
+                                ['--parts', host_parts, *args])
         procs.append(_launch(command,
                              dict(env, GLOO_SOCKET_IFNAME=IFACE[r])))
     start = time.monotonic()
