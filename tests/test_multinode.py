@@ -166,11 +166,7 @@ def test_two_hosts_equal_one_host_bitwise(two_hosts, tmp_path):
                             2, parts)
     env = _clean_env()
 
-    # Two hosts, one worker each. c10d ignores --node-rank and ranks the
-    # agents by their --local-addr, so 10.77.0.1 gets rank 0.
-    # --local-addr: also MASTER_ADDR (the hostname here resolves to
-    # 127.0.0.1); is_host: the endpoint is not the hostname's address, so
-    # the host of the rendezvous store must be named.
+    # Two hosts, one worker each (see _host_command).
     procs, outs = [], []
     for r in range(2):
         host_parts = str(tmp_path / f'host{r}' / 'parts')
