@@ -88,8 +88,6 @@ class LayerWise:
         mask = self.masks[self.cursor]
         key = (id(graph), self.cursor)
         self.cursor += 1
-        if bool(mask.all()):  # every destination needed: the graph itself
-            return graph
         if key not in self._views:
             self._views[key] = _restricted(graph, mask)
         return self._views[key]
@@ -135,10 +133,20 @@ def _destination_sets(graph, seeds: Tensor, hops: int) -> List[Tensor]:
     return masks
 
 
+# A hop that keeps at least this share of the edges runs on the graph itself:
+# computing a few rows more is exact too, and saves a near-copy of the edge
+# lists.
+FULL_GRAPH_SHARE = 0.9
+
+
 def _restricted(graph, mask: Tensor):
     """A view of ``graph`` whose blocks hold only the in-edges of the
-    destinations in ``mask`` (same edge numbering, same exchange plan)."""
+    destinations in ``mask`` (same edge numbering, same exchange plan), or
+    the graph itself when that would keep most edges."""
     from pyg_sar.graph import DistGraph, EdgeBlock
+    kept = sum(int(mask[block.dst].sum()) for block in graph.blocks)
+    if kept >= FULL_GRAPH_SHARE * sum(b.num_edges for b in graph.blocks):
+        return graph
     view = object.__new__(type(graph))
     view.__dict__.update(graph.__dict__)
     view.blocks = []
