@@ -35,10 +35,8 @@ def _by_owner(keys: Tensor, owner: Tensor,
     from."""
     order = torch.argsort(owner, stable=True)
     counts = torch.bincount(owner, minlength=world_size).tolist()
-    groups, positions = [], list(order.split(counts))
-    for pos in positions:
-        groups.append(keys[pos])
-    return groups, positions
+    positions = list(order.split(counts))
+    return [keys[pos] for pos in positions], positions
 
 
 def _check_range(ids: Tensor, bound: int, what: str) -> None:
@@ -111,20 +109,14 @@ def global_ids(graph, input_ids: Tensor) -> Tensor:
     shape = input_ids.shape
     input_ids = input_ids.reshape(-1)
     keys, values = _directory(graph)
-    P = graph.world_size
-    groups, positions = _by_owner(input_ids, input_ids % P, P)
-    asked = comm.all_to_all_v(groups)
-    answers = []
-    for q_ids in asked:
-        if keys.numel() == 0 or q_ids.numel() == 0:
-            answers.append(torch.full_like(q_ids, -1))
-            continue
-        at = torch.searchsorted(keys, q_ids).clamp_(max=keys.numel() - 1)
-        answers.append(torch.where(keys[at] == q_ids, values[at], -1))
-    replies = comm.all_to_all_v(answers)
-    out = input_ids.new_empty(input_ids.numel())
-    for pos, reply in zip(positions, replies):
-        out[pos] = reply
+
+    def look_up(asked: Tensor) -> Tensor:
+        if keys.numel() == 0 or asked.numel() == 0:
+            return torch.full_like(asked, -1)
+        at = torch.searchsorted(keys, asked).clamp_(max=keys.numel() - 1)
+        return torch.where(keys[at] == asked, values[at], -1)
+
+    out = comm.ask_owners(input_ids, input_ids % graph.world_size, look_up)
     missing = int((out < 0).sum())
     anywhere = comm.all_reduce(torch.tensor([missing]), 'max')
     if int(anywhere[0]) > 0:
@@ -152,24 +144,18 @@ def edges_exist(graph, src: Tensor, dst: Tensor) -> Tensor:
     """Whether each pair ``src[i] -> dst[i]`` (global ids) is an edge of the
     graph, answered by the owner of ``dst[i]``. Collective; every worker
     asks its own pairs."""
-    P, N = graph.world_size, graph.num_global_nodes
+    N = graph.num_global_nodes
     owner = torch.searchsorted(graph.node_ptr, dst, right=True) - 1
-    keys = (dst - graph.node_ptr[owner]) * N + src
-    groups, positions = _by_owner(keys, owner, P)
-    asked = comm.all_to_all_v(groups)
     table = _edge_keys(graph)
-    answers = []
-    for q_keys in asked:
-        if table.numel() == 0 or q_keys.numel() == 0:
-            answers.append(torch.zeros_like(q_keys, dtype=torch.uint8))
-            continue
-        at = torch.searchsorted(table, q_keys).clamp_(max=table.numel() - 1)
-        answers.append((table[at] == q_keys).to(torch.uint8))
-    replies = comm.all_to_all_v(answers)
-    out = torch.zeros(src.numel(), dtype=torch.bool, device=src.device)
-    for pos, reply in zip(positions, replies):
-        out[pos] = reply.bool()
-    return out
+
+    def look_up(asked: Tensor) -> Tensor:
+        if table.numel() == 0 or asked.numel() == 0:
+            return torch.zeros_like(asked, dtype=torch.uint8)
+        at = torch.searchsorted(table, asked).clamp_(max=table.numel() - 1)
+        return (table[at] == asked).to(torch.uint8)
+
+    keys = (dst - graph.node_ptr[owner]) * N + src
+    return comm.ask_owners(keys, owner, look_up).bool()
 
 
 def _input_edges(graph) -> Tuple[Tensor, Tensor]:

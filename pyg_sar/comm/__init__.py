@@ -17,6 +17,7 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
   :func:`get_rank`, :func:`get_world_size`, :func:`find_free_port`.
 - :mod:`~pyg_sar.comm.collectives`: :func:`barrier`, :func:`all_reduce`,
   :func:`broadcast_`, :func:`all_gather_object`, :func:`all_to_all_v`,
+  :func:`ask_owners`,
   :func:`global_sum`, :func:`global_count`.
 - :mod:`~pyg_sar.comm.p2p`: :func:`post_exchange`, :class:`PendingExchange`.
 - :mod:`~pyg_sar.comm.channels`: :func:`ensure_channels`, the process groups
@@ -32,7 +33,8 @@ from pyg_sar.comm.channels import ensure_channels
 from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
                                         save_replicated)
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
-                                      all_to_all_v, barrier, broadcast_,
+                                      all_to_all_v, ask_owners, barrier,
+                                      broadcast_,
                                       global_count, global_sum, shutdown)
 from pyg_sar.comm.errors import PeerError, report_failure
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
@@ -46,7 +48,7 @@ __all__ = [
     'CommConfig', 'PeerError', 'init_distributed', 'get_rank',
     'get_world_size', 'configure', 'config', 'comm_stats',
     'reset_comm_stats', 'all_reduce', 'all_gather_object', 'broadcast_',
-    'all_to_all_v', 'post_exchange', 'PendingExchange', 'sync_params',
+    'all_to_all_v', 'ask_owners', 'post_exchange', 'PendingExchange', 'sync_params',
     'all_reduce_grads', 'global_count', 'barrier', 'shutdown',
     'find_free_port',
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',

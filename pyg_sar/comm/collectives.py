@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -156,6 +156,22 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
     received = list(recv.to(device).split(recv_counts))
     received[rank] = mine
     return received
+
+
+def ask_owners(keys: Tensor, owner: Tensor,
+               answer: Callable[[Tensor], Tensor]) -> Tensor:
+    """Sends every key to the rank ``owner`` names; that rank answers the
+    keys each rank sent it with ``answer(keys)`` (one row per key, the same
+    trailing shape and dtype on every rank, also for no keys). Returns the
+    answers in the order of ``keys``. Collective: every rank calls it, with
+    any number of keys (two :func:`all_to_all_v`)."""
+    order = torch.argsort(owner, stable=True)
+    counts = torch.bincount(owner, minlength=get_world_size()).tolist()
+    asked = all_to_all_v(list(keys[order].split(counts)))
+    answers = torch.cat(all_to_all_v([answer(q) for q in asked]))
+    out = torch.empty_like(answers)
+    out[order] = answers
+    return out
 
 
 def _all_to_all_counts(counts: Tensor) -> Tensor:

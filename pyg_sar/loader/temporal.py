@@ -35,16 +35,7 @@ def edge_times(shard, time_attr: str) -> Tuple[Tensor, Optional[Tensor]]:
         node_time = None
     elif time_attr in shard.node_attrs:
         node_time = shard.node_attrs[time_attr]
-        owner = shard.owner(shard.csc_src)
-        order = torch.argsort(owner, stable=True)
-        counts = torch.bincount(owner, minlength=shard.num_parts).tolist()
-        wanted = list(shard.csc_src[order].split(counts))
-        asked = comm.all_to_all_v(wanted)
-        replies = [node_time[q_ids - shard.node_start] for q_ids in asked]
-        answers = torch.cat(comm.all_to_all_v(replies)) if asked else \
-            node_time[:0]
-        times = torch.empty_like(answers)
-        times[order] = answers
+        times = node_times(shard, node_time, shard.csc_src)
     else:
         raise ValueError(
             f"time_attr {time_attr!r} is neither a node nor an edge "
@@ -124,18 +115,11 @@ def seed_times(loader, input_time: Optional[Tensor],
     return node_time[seeds - loader.shard.node_start]
 
 
-def node_times(loader, ids: Tensor) -> Tensor:
-    """The node time of any global ids, from their owners (collective)."""
-    shard = loader.shard
-    owner = shard.owner(ids)
-    order = torch.argsort(owner, stable=True)
-    counts = torch.bincount(owner, minlength=shard.num_parts).tolist()
-    asked = comm.all_to_all_v(list(ids[order].split(counts)))
-    replies = [loader.node_time[q - shard.node_start] for q in asked]
-    answers = torch.cat(comm.all_to_all_v(replies))
-    out = torch.empty_like(answers)
-    out[order] = answers
-    return out
+def node_times(shard, node_time: Tensor, ids: Tensor) -> Tensor:
+    """The times of any global node ids, from their owners, each of which
+    holds ``node_time`` of its own nodes (collective)."""
+    return comm.ask_owners(ids, shard.owner(ids),
+                           lambda asked: node_time[asked - shard.node_start])
 
 
 def earliest_node(loader) -> int:
@@ -155,11 +139,14 @@ def temporal_negatives(loader, draw, seed_time: Tensor,
     ``seed_time`` (``draw(n)``), re-draw those later than their seed time up
     to ``rounds`` times, and give what is still invalid the earliest node.
     Collective: every rank runs the same number of lookups."""
+    def times_of(ids: Tensor) -> Tensor:
+        return node_times(loader.shard, loader.node_time, ids)
+
     out = draw(seed_time.numel())
     for _ in range(rounds):
-        invalid = node_times(loader, out) > seed_time
+        invalid = times_of(out) > seed_time
         out[invalid] = draw(int(invalid.sum()))
-    invalid = node_times(loader, out) > seed_time
+    invalid = times_of(out) > seed_time
     if not hasattr(loader, '_earliest_node'):
         loader._earliest_node = earliest_node(loader)
     out[invalid] = loader._earliest_node
