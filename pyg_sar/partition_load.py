@@ -147,6 +147,23 @@ def _expect_vector(value: Any, length: int, path: str, name: str) -> None:
         f"{list(value.shape) if isinstance(value, Tensor) else value!r})")
 
 
+def _load_feats(part_dir: str, kind: str, num_rows: int,
+                names) -> Dict[str, Any]:
+    """The attributes in ``<kind>_feats.pt`` (``kind``: ``node`` or
+    ``edge``), checked: ``num_rows`` global ids and rows, exactly the
+    attributes ``names``."""
+    path = osp.join(part_dir, f'{kind}_feats.pt')
+    feats = _load_dict(path, ('global_id', 'feats'))
+    _expect_vector(feats['global_id'], num_rows, path, 'global_id')
+    attrs = feats['feats']
+    _expect(isinstance(attrs, dict) and sorted(attrs) == sorted(names), path,
+            f'expected {kind} attributes {names}')
+    for key, value in attrs.items():
+        _expect(value.size(0) == num_rows, path,
+                f"'{key}' has {value.size(0)} rows, expected {num_rows}")
+    return attrs
+
+
 def load_partition(root: str, rank: int) -> Partition:
     r"""Loads part :obj:`rank` of the partition written to :obj:`root` by
     :func:`partition_graph`.
@@ -235,33 +252,10 @@ def load_partition(root: str, rank: int) -> Partition:
     torch.cumsum(torch.bincount(col - node_start, minlength=num_local_nodes),
                  dim=0, out=csc_ptr[1:])
 
-    node_feats_path = osp.join(part_dir, 'node_feats.pt')
-    node_feats = _load_dict(node_feats_path, ('global_id', 'feats'))
-    _expect_vector(node_feats['global_id'], num_local_nodes, node_feats_path,
-                   'global_id')
-    node_attrs = node_feats['feats']
-    _expect(
-        isinstance(node_attrs, dict)
-        and sorted(node_attrs) == sorted(node_attr_names), node_feats_path,
-        f'expected node attributes {node_attr_names}')
-    for key, value in node_attrs.items():
-        _expect(value.size(0) == num_local_nodes, node_feats_path,
-                f"'{key}' has {value.size(0)} rows, expected "
-                f"{num_local_nodes}")
-
-    edge_feats_path = osp.join(part_dir, 'edge_feats.pt')
-    edge_feats = _load_dict(edge_feats_path, ('global_id', 'feats'))
-    _expect_vector(edge_feats['global_id'], num_local_edges, edge_feats_path,
-                   'global_id')
-    edge_attrs = edge_feats['feats']
-    _expect(
-        isinstance(edge_attrs, dict)
-        and sorted(edge_attrs) == sorted(edge_attr_names), edge_feats_path,
-        f'expected edge attributes {edge_attr_names}')
-    for key, value in edge_attrs.items():
-        _expect(value.size(0) == num_local_edges, edge_feats_path,
-                f"'{key}' has {value.size(0)} rows, expected "
-                f"{num_local_edges}")
+    node_attrs = _load_feats(part_dir, 'node', num_local_nodes,
+                             node_attr_names)
+    edge_attrs = _load_feats(part_dir, 'edge', num_local_edges,
+                             edge_attr_names)
 
     return Partition(
         root=root,
