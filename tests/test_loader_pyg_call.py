@@ -13,6 +13,18 @@ from tests.test_loader import _reference
 FANOUTS = [3, 2]
 
 
+def _hops(batch):
+    """Per hop: ``(fanout, first node, nodes, first edge, edges)``; the
+    hop's targets are those nodes, its edges those edges."""
+    start = edge_start = 0
+    for hop, fanout in enumerate(FANOUTS):
+        count = batch.num_sampled_nodes[hop]
+        num_edges = batch.num_sampled_edges[hop]
+        yield fanout, start, count, edge_start, num_edges
+        start += count
+        edge_start += num_edges
+
+
 def _context(rank, world_size):
     return DistContext(rank=rank, global_rank=rank, world_size=world_size,
                        global_world_size=world_size, group_name='test')
@@ -186,16 +198,11 @@ def _disjoint(rank, world_size, root):
         assert torch.equal(ref['dst'][batch.e_id], n_id[col])
         assert torch.equal(batch.x, ref['x'][n_id])
         # Fanouts per hop, per subtree copy of a node.
-        start, edge_start = 0, 0
-        for hop, fanout in enumerate(FANOUTS):
-            count = batch.num_sampled_nodes[hop]
-            num_edges = batch.num_sampled_edges[hop]
+        for fanout, start, count, edge_start, num_edges in _hops(batch):
             hop_col = col[edge_start:edge_start + num_edges] - start
             degree = ref['in_degree'][n_id[start:start + count]]
             assert torch.equal(torch.bincount(hop_col, minlength=count),
                                degree.clamp(max=fanout))
-            start += count
-            edge_start += num_edges
         checked += 1
     return checked
 
@@ -275,10 +282,7 @@ def _temporal(rank, world_size, root, strategy, on_edges):
         assert torch.equal(ref['src'][batch.e_id], n_id[row])
         # Per target copy: min(#qualifying in-edges, fanout), and with
         # 'last' the most recent of them.
-        start, edge_start = 0, 0
-        for hop, fanout in enumerate(FANOUTS):
-            count = batch.num_sampled_nodes[hop]
-            num_edges = batch.num_sampled_edges[hop]
+        for fanout, start, count, edge_start, num_edges in _hops(batch):
             for k in range(count):
                 v = int(n_id[start + k])
                 t = batch.seed_time[int(tree[start + k])]
@@ -293,8 +297,6 @@ def _temporal(rank, world_size, root, strategy, on_edges):
                     rest = valid.sort(descending=True).values[mine.numel():]
                     if rest.numel():
                         assert bool(got.min() >= rest.max())
-            start += count
-            edge_start += num_edges
         checked += 1
     return checked
 
