@@ -124,6 +124,42 @@ def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
     return chunks
 
 
+def check_options(mode: str, chunk_size: Optional[int]) -> None:
+    """Refuses an unknown ``mode`` or a ``chunk_size`` that is not a
+    positive int (or ``None``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES} (got {mode!r})")
+    if chunk_size is not None and (not isinstance(chunk_size, int)
+                                   or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None "
+                         f"(got {chunk_size!r})")
+
+
+def check_partition_set(part, sizes) -> None:
+    """Collective: every rank holds its own part of one and the same
+    partitioning (``sizes``: what else must agree, e.g. node and edge
+    counts), and the world matches the part count."""
+    world_size, rank = comm.get_world_size(), comm.get_rank()
+    num_parts, part_rank = int(part.num_parts), int(part.rank)
+    if world_size != num_parts:
+        raise ValueError(
+            f"the partition set has {num_parts} parts but the world size is "
+            f"{world_size}: launch exactly one worker per part (torchrun "
+            f"--nproc-per-node {num_parts})")
+    if rank != part_rank:
+        raise ValueError(f"rank {rank} was given partition {part_rank}; "
+                         f"load partition {rank} on rank {rank}")
+    mine = (str(part.fingerprint), num_parts, sizes)
+    everyone = comm.all_gather_object(mine)
+    for other_rank, other in enumerate(everyone):
+        if other != mine:
+            raise ValueError(
+                f"rank {rank} and rank {other_rank} loaded different "
+                f"partitionings (fingerprint/parts/sizes {mine} vs {other}); "
+                f"every rank must load a part of the same partition "
+                f"directory")
+
+
 class DistGraph:
     r"""The partition of one worker, ready for distributed message passing.
 
@@ -160,12 +196,7 @@ class DistGraph:
     def __init__(self, part, mode: str = 'sar',
                  chunk_size: Optional[int] = None,
                  device: Optional[torch.device] = None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES} (got {mode!r})")
-        if chunk_size is not None and (not isinstance(chunk_size, int)
-                                       or chunk_size < 1):
-            raise ValueError(f"chunk_size must be a positive int or None "
-                             f"(got {chunk_size!r})")
+        check_options(mode, chunk_size)
         self.mode = mode
         self.chunk_size = chunk_size
         self.rank = int(part.rank)
@@ -181,13 +212,51 @@ class DistGraph:
         if device is not None:
             self.to(device)
 
+    def __new__(cls, part=None, *args, **kwargs):
+        # A heterogeneous partition gives a graph of relation graphs.
+        if cls is DistGraph and getattr(part, 'is_hetero', False):
+            from pyg_sar.hetero_graph import HeteroDistGraph
+            return HeteroDistGraph(part, *args, **kwargs)
+        return super().__new__(cls)
+
+    @classmethod
+    def relation(cls, rank: int, world_size: int, mode: str,
+                 chunk_size: Optional[int], node_ptr: Tensor,
+                 src_node_ptr: Optional[Tensor], csc_ptr: Tensor,
+                 csc_src: Tensor, edge_ids: Tensor,
+                 orig_ids: Optional[Tensor] = None) -> 'DistGraph':
+        """The graph of one relation of a heterogeneous partition: edges
+        from the owners of the source type (ids partitioned by
+        ``src_node_ptr``; ``None``: the destination type's ``node_ptr``)
+        into the local nodes of the destination type. Collective (the ranks
+        agree on the exchange plan); the caller has checked the partition
+        set."""
+        graph = super().__new__(cls)
+        graph.mode, graph.chunk_size = mode, chunk_size
+        graph.rank, graph.world_size = rank, world_size
+        graph.orig_ids = orig_ids
+        node_ptr = node_ptr.to(torch.long)
+        rank_nodes = int(node_ptr[rank + 1] - node_ptr[rank])
+        graph._setup(node_ptr, rank_nodes, int(node_ptr[-1]), csc_ptr,
+                     csc_src, edge_ids, src_node_ptr=src_node_ptr)
+        return graph
+
     def _setup(self, node_ptr: Tensor, num_nodes: int, num_global_nodes: int,
-               csc_ptr: Tensor, csc_src: Tensor, edge_ids: Tensor) -> None:
+               csc_ptr: Tensor, csc_src: Tensor, edge_ids: Tensor,
+               src_node_ptr: Optional[Tensor] = None) -> None:
         self.device = csc_ptr.device
         self.node_ptr = node_ptr.to(torch.long)
         self.node_offset = int(self.node_ptr[self.rank])
         self.num_nodes = num_nodes
         self.num_global_nodes = num_global_nodes
+        # Bipartite relation graphs read sources of another node type, whose
+        # ids are partitioned by their own pointer.
+        self.is_bipartite = src_node_ptr is not None
+        self.src_node_ptr = (src_node_ptr.to(torch.long) if self.is_bipartite
+                             else self.node_ptr)
+        self.src_offset = int(self.src_node_ptr[self.rank])
+        self.num_src_nodes = int(self.src_node_ptr[self.rank + 1]) - \
+            self.src_offset
         csc_ptr = csc_ptr.to(torch.long)
         self.num_edges = int(csc_ptr[-1])
         self.in_degree = (csc_ptr[1:] - csc_ptr[:-1])
@@ -223,6 +292,8 @@ class DistGraph:
         self.device = device
         self.node_ptr, self.in_degree = move(self.node_ptr), \
             move(self.in_degree)
+        self.src_node_ptr = (move(self.src_node_ptr) if self.is_bipartite
+                             else self.node_ptr)
         self._csc_degree = self.in_degree
         self.edge_ids = move(self.edge_ids)
         self._src_global = move(self._src_global)
@@ -242,29 +313,12 @@ class DistGraph:
     # Set-up ##################################################################
 
     def _check_world(self, part) -> None:
-        world_size, rank = comm.get_world_size(), comm.get_rank()
-        if world_size != self.world_size:
-            raise ValueError(
-                f"the partition set has {self.world_size} parts but the "
-                f"world size is {world_size}: launch exactly one worker per "
-                f"part (torchrun --nproc-per-node {self.world_size})")
-        if rank != self.rank:
-            raise ValueError(f"rank {rank} was given partition {self.rank}; "
-                             f"load partition {rank} on rank {rank}")
-        mine = (str(part.fingerprint), self.world_size, int(part.num_nodes),
-                int(part.num_edges))
-        everyone = comm.all_gather_object(mine)
-        for other_rank, other in enumerate(everyone):
-            if other != mine:
-                raise ValueError(
-                    f"rank {self.rank} and rank {other_rank} loaded "
-                    f"different partitionings (fingerprint/parts/nodes/"
-                    f"edges {mine} vs {other}); every rank must load a part "
-                    f"of the same partition directory")
+        check_partition_set(part, (int(part.num_nodes), int(part.num_edges)))
 
     def _build_plan(self, src_global: Tensor, dst: Tensor) -> None:
         p, P = self.rank, self.world_size
-        owner = torch.searchsorted(self.node_ptr, src_global, right=True) - 1
+        owner = torch.searchsorted(self.src_node_ptr, src_global,
+                                   right=True) - 1
         # A stable sort by owner keeps every block sorted by destination.
         order = torch.argsort(owner, stable=True)
         counts = torch.bincount(owner, minlength=P).tolist()
@@ -275,12 +329,12 @@ class DistGraph:
             sel = order[start:start + counts[q]]
             start += counts[q]
             if q == p:
-                self._block_edges[q] = (src_global[sel] - self.node_offset,
+                self._block_edges[q] = (src_global[sel] - self.src_offset,
                                         dst[sel], sel)
                 continue
             if counts[q] == 0:
                 continue
-            local_on_q = src_global[sel] - self.node_ptr[q]
+            local_on_q = src_global[sel] - self.src_node_ptr[q]
             need, compact = torch.unique(local_on_q, return_inverse=True)
             self.recv_ids[q] = need
             self._block_edges[q] = (compact, dst[sel], sel)
@@ -300,7 +354,7 @@ class DistGraph:
             if q not in self._block_edges:
                 continue
             src, dst, pos = self._block_edges[q]
-            num_src = self.num_nodes if q == p else int(
+            num_src = self.num_src_nodes if q == p else int(
                 self.recv_ids[q].numel())
             self.blocks.append(EdgeBlock(q, num_src, src, dst, pos,
                                          self.num_nodes, self.chunk_size))
@@ -402,6 +456,12 @@ class DistGraph:
         for added loops) and :attr:`loop_source_pos` gives, per node, the
         base position of its existing self loop or ``-1``.
         """
+        if self.is_bipartite:
+            raise ValueError(
+                "self loops on a bipartite relation graph (source and "
+                "destination node types differ) are not supported; set "
+                "add_self_loops=False, as PyG requires for bipartite "
+                "message passing")
         if 'loops' not in self._views:
             from pyg_sar.self_loops import make_loop_view
             self._views['loops'] = make_loop_view(self)
@@ -436,13 +496,13 @@ class DistGraph:
     @property
     def num_ext_nodes(self) -> int:
         """Local nodes plus halo nodes: the rows of :meth:`fetch_halo`."""
-        return self.num_nodes + self.num_halo_nodes
+        return self.num_src_nodes + self.num_halo_nodes
 
     def halo_plan(self) -> RowPlan:
         """The plan of :meth:`fetch_halo` (built once)."""
         if 'halo_plan' not in self.derived:
-            local = torch.arange(self.num_nodes, device=self.device)
-            recv_pos, offset = {}, self.num_nodes
+            local = torch.arange(self.num_src_nodes, device=self.device)
+            recv_pos, offset = {}, self.num_src_nodes
             for block in self.blocks[1:]:
                 recv_pos[block.peer] = torch.arange(
                     offset, offset + block.num_src, device=self.device)
@@ -461,7 +521,7 @@ class DistGraph:
         """The transpose of :meth:`fetch_halo`: each halo row is added to
         its owner's row (e.g. partial out-degrees summed into global ones).
         Differentiable; collective."""
-        return push_rows(self.halo_plan(), x_ext, self.num_nodes)
+        return push_rows(self.halo_plan(), x_ext, self.num_src_nodes)
 
     def halo_edge_index(self) -> Tensor:
         """Every local in-edge as ``[2, E]`` ``(source, destination)`` in the
@@ -503,13 +563,19 @@ class DistGraph:
         """The transposed graph (``flow='target_to_source'``): every worker
         gets the out-edges of its nodes as in-edges. Built on first use
         (collective), then cached."""
+        if self.is_bipartite:
+            raise ValueError(
+                "flow='target_to_source' over a bipartite relation graph is "
+                "not supported; use the graph of the reverse relation")
         if 'reverse' not in self.derived:
             from pyg_sar.reverse import reverse_graph
             self.derived['reverse'] = reverse_graph(self)
         return self.derived['reverse']
 
     def __repr__(self) -> str:
-        return (f"DistGraph(rank={self.rank}/{self.world_size}, "
+        src = (f"src_nodes={self.num_src_nodes}, " if self.is_bipartite
+               else '')
+        return (f"DistGraph(rank={self.rank}/{self.world_size}, {src}"
                 f"nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"halo={self.num_halo_nodes}, mode={self.mode!r}, "
                 f"chunk_size={self.chunk_size})")

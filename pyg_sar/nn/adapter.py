@@ -54,6 +54,13 @@ class DistAdapter:
         graph = bound.arguments.get('edge_index')
         if not isinstance(graph, DistGraph):
             return stock(*args, **kwargs)
+        if graph.is_bipartite:
+            raise ValueError(
+                f"{type(self).__name__} runs over whole neighborhoods, which "
+                f"is not supported on a bipartite relation graph (source and "
+                f"destination types differ); use a layer on the SAR engine "
+                f"(SAGEConv, GraphConv, GINConv, GATConv, GATv2Conv) for "
+                f"this relation")
         values = bound.arguments
         if self.flow == 'source_to_target':
             run_graph, ei = graph, graph.halo_edge_index()

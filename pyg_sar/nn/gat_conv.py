@@ -144,7 +144,7 @@ def combine_heads(out: Tensor, concat: bool, res: Optional[Tensor],
                   bias: Optional[Tensor]) -> Tensor:
     """``[N, H, C]`` attention output to PyG's layout: heads concatenated
     or averaged, then the residual and the bias added."""
-    out = out.reshape(out.shape[0], -1) if concat else out.mean(dim=1)
+    out = out.flatten(1) if concat else out.mean(dim=1)
     if res is not None:
         out = out + res
     if bias is not None:

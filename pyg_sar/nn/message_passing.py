@@ -99,6 +99,10 @@ class DistMessagePassing(MessagePassing):
         if self.attention:
             raise ValueError(f"{type(self).__name__} (attention = True) "
                              f"does not support {reason} over a DistGraph")
+        if graph.is_bipartite:
+            raise ValueError(f"{type(self).__name__}: {reason} is not "
+                             f"supported on a bipartite relation graph "
+                             f"(source and destination types differ)")
         log_once(self, reason)
         return propagate_on_graph(self, graph, kwargs)
 
@@ -113,6 +117,9 @@ class DistMessagePassing(MessagePassing):
         _check_device(self, graph, kwargs)
         if graph._layer_wise[0] is not None:
             _check_layer_wise(self, 'edge_updater')
+        if graph.is_bipartite:
+            raise ValueError(f"{type(self).__name__}: edge_updater is not "
+                             f"supported on a bipartite relation graph")
         return propagate_on_graph(self, graph, kwargs, 'edge_updater')
 
     def neighborhood_reason(self, graph: DistGraph, kwargs) -> Optional[str]:
@@ -182,10 +189,11 @@ def _flat(values):
 
 
 def _check_size(module, graph: DistGraph, size) -> None:
-    if size is not None and tuple(size) != (graph.num_nodes, graph.num_nodes):
+    local = (graph.num_src_nodes, graph.num_nodes)
+    if size is not None and tuple(size) != local:
         raise ValueError(f"{type(module).__name__}: size={tuple(size)} is "
-                         f"not supported over a DistGraph (its size is "
-                         f"{graph.num_nodes} local nodes); pass size=None")
+                         f"not supported over a DistGraph (its local size "
+                         f"is {local}); pass size=None")
 
 
 def _check_device(module, graph: DistGraph, kwargs) -> None:

@@ -159,7 +159,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             grad_out = grad_out / _per_row(g.in_degree.clamp(min=1),
                                            grad_out)
         self.grads: List[Optional[Tensor]] = [None] * self.num_inputs
-        self.src_grads = [self._source_rows(g.num_nodes, k)
+        self.src_grads = [self._source_rows(g.num_src_nodes, k)
                           for k in range(len(self.source_meta))]
         if self.plan.kind == 'spmm':
             self._route(self._spmm_block_grad(grad_out))

@@ -123,10 +123,12 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
         src_val, dst_val = (value if isinstance(value, (tuple, list))
                             else (value, value))
         if name in sig.j_names:
-            _check_node_tensor(module, name, src_val, graph)
+            _check_node_tensor(module, name, src_val, graph.num_src_nodes,
+                               'source ' if graph.is_bipartite else '')
             src_slots[name] = slot(src_val)
         if name in sig.i_names:
-            _check_node_tensor(module, name, dst_val, graph)
+            _check_node_tensor(module, name, dst_val, graph.num_nodes,
+                               'destination ' if graph.is_bipartite else '')
             dst_slots[name] = slot(dst_val)
     for name in {n for names in sig.params.values() for n in names}:
         if name.endswith(('_i', '_j')) or name in _SPECIAL_ARGS:
@@ -188,15 +190,16 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
     return SARFunction.apply(plan, *tensors)
 
 
-def _check_node_tensor(module, name: str, value, graph: DistGraph) -> None:
+def _check_node_tensor(module, name: str, value, num_rows: int,
+                       kind: str) -> None:
     if not isinstance(value, Tensor):
         raise TypeError(f"{type(module).__name__}: argument {name!r} must be "
                         f"a tensor of node features (got "
                         f"{type(value).__name__})")
-    if value.shape[0] != graph.num_nodes:
+    if value.shape[0] != num_rows:
         raise ValueError(f"{type(module).__name__}: argument {name!r} has "
                          f"{value.shape[0]} rows but this worker owns "
-                         f"{graph.num_nodes} nodes; pass features of the "
+                         f"{num_rows} {kind}nodes; pass features of the "
                          f"local nodes only")
 
 

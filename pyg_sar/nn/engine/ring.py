@@ -119,8 +119,8 @@ class RingMixin:
             merged = g.merged_block()
             table_grads = block_grad(merged, self.state.get('halo'))
             for k, tg in enumerate(table_grads):
-                self.src_grads[k] += tg[:g.num_nodes]
-            sends, offset = {}, g.num_nodes
+                self.src_grads[k] += tg[:g.num_src_nodes]
+            sends, offset = {}, g.num_src_nodes
             for block in g.blocks[1:]:
                 sends[block.peer] = [tg[offset:offset + block.num_src]
                                      for tg in table_grads]

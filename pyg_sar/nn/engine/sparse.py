@@ -37,7 +37,7 @@ class SparseMixin:
             x = tables[0]
             if out is None:
                 out = x.new_zeros((g.num_nodes, *x.shape[1:]))
-            flat = x.reshape(x.shape[0], -1)
+            flat = x.flatten(1) if x.dim() > 1 else x.view(-1, 1)
             for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
@@ -52,7 +52,8 @@ class SparseMixin:
         return out
 
     def _spmm_block_grad(self, grad_out: Tensor):
-        flat_g = grad_out.reshape(grad_out.shape[0], -1)
+        flat_g = (grad_out.flatten(1) if grad_out.dim() > 1
+                  else grad_out.view(-1, 1))
         trailing = self.source_meta[0][0]
 
         def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
