@@ -86,7 +86,7 @@ ADAPTED = (
 # Not per-destination: heterogeneous dispatch, global attention over all
 # nodes (every other class of torch_geometric.nn.conv that is not
 # convertible is refused too).
-REFUSED = (pyg_nn.HeteroConv, pyg_nn.GPSConv)
+REFUSED = (pyg_nn.GPSConv, )
 _CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
 _KNN = 'builds a kNN graph over all nodes inside the layer'
 _KERNEL = 'needs an optional compiled kernel package'
@@ -100,7 +100,7 @@ REFUSAL_REASONS = {
     'SplineConv': _KERNEL, 'GravNetConv': _KNN, 'DynamicEdgeConv': _KNN,
     'XConv': _KNN, 'RGCNConv': _HETERO, 'FastRGCNConv': _HETERO,
     'RGATConv': _HETERO, 'HGTConv': _HETERO, 'HEATConv': _HETERO,
-    'HeteroConv': _HETERO, 'HANConv': _HETERO,
+    'HANConv': _HETERO,
     'SignedConv': 'takes two edge sets (positive and negative)',
     'HypergraphConv': 'aggregates over hyperedges, not edges',
     'PANConv': 'needs a SparseTensor path-integral adjacency',
@@ -116,7 +116,7 @@ REFUSAL_REASONS = {
 def convertible() -> tuple:
     """Every stock class :func:`to_distributed` converts."""
     return tuple(_TWINS) + ADAPTED + tuple(NORMALIZED) + tuple(
-        NORM_CONVERTERS) + (pyg_nn.DirGNNConv, )
+        NORM_CONVERTERS) + (pyg_nn.DirGNNConv, pyg_nn.HeteroConv)
 
 
 def to_distributed(model: torch.nn.Module,
@@ -167,6 +167,13 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
     if cls in NORMALIZED or cls in ADAPTED:
         _convert_children(module, f'{path}.' if path else '', strict)
         return adapt(module)
+    if cls is pyg_nn.HeteroConv:
+        from pyg_sar.nn.hetero_conv import HeteroConv
+        new = HeteroConv({}, module.aggr)
+        new.convs = module.convs
+        _convert_children(new.convs, f'{path}.convs.' if path else 'convs.',
+                          strict)
+        return new.train(module.training)
     if cls is pyg_nn.DirGNNConv:
         from pyg_sar.nn.dir_gnn_conv import adapt_dir_gnn
         _convert_children(module, f'{path}.' if path else '', strict)

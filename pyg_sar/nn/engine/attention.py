@@ -133,9 +133,17 @@ class AttentionMixin:
         pattern = torch.sparse_csr_tensor(
             crow, col, score.new_zeros(chunk.num_edges), (hi - lo, num_src))
         dot = torch.empty_like(prob)
+        # torch's sampled_addmm fails on patterns with more entries than
+        # the dense block has cells (duplicate edges in a small chunk):
+        # gather those per edge instead.
+        dense_ok = chunk.num_edges <= (hi - lo) * num_src
         for h in range(heads.shape[0]):
-            dot[:, h] = torch.sparse.sampled_addmm(
-                pattern, g_heads[h], heads[h].t(), beta=0.0).values()
+            if dense_ok:
+                dot[:, h] = torch.sparse.sampled_addmm(
+                    pattern, g_heads[h], heads[h].t(), beta=0.0).values()
+            else:
+                dot[:, h] = (g_heads[h].index_select(0, chunk.dst - lo) *
+                             heads[h].index_select(0, chunk.src)).sum(-1)
             if value_grad is not None:
                 adj_t = torch.sparse_csr_tensor(
                     crow_t, col_t, weighted[perm, h].contiguous(),

@@ -1,0 +1,183 @@
+"""Heterogeneous models over relation graphs equal single-process PyG:
+outputs of every node type, input gradients of every node type and every
+parameter gradient, for ``HeteroConv`` models and models made by
+``torch_geometric.nn.to_hetero``, in every mode, with and without chunks, at
+world sizes 1-3. The graph (tests/_hetero.py) has directed citations with
+self loops, duplicate edges and an edge attribute, isolated nodes of every
+type, and the parts are cut so that one part has no author at all (a
+relation with an empty source table) and, at three parts, one has no field.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
+from torch_geometric.nn import to_hetero
+
+import pyg_sar
+from _dist import run_workers
+from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, PAPER, WRITES, WRITTEN,
+                     BlockHeteroPart, hard_hetero)
+
+RTOL, ATOL = 1e-4, 1e-5
+MODELS = ('hetero_conv', 'hetero_conv_edge_attr', 'to_hetero_sage_sum',
+          'to_hetero_sage_mean', 'to_hetero_gat_max')
+RUNS = [('sar', None), ('sa', 7), ('one_shot', None), ('sar', 7)]
+
+
+class HeteroNet(torch.nn.Module):
+    """Two HeteroConv layers over every relation (self loops on the
+    citations, bipartite attention, SAGE mean/max, GraphConv mean)."""
+
+    def __init__(self, edge_attr: bool = False) -> None:
+        super().__init__()
+        nn = pyg_nn
+        self.conv1 = nn.HeteroConv({
+            CITES: nn.GATConv(12, 4, heads=2,
+                              edge_dim=3 if edge_attr else None),
+            WRITES: nn.SAGEConv((8, 12), 8),
+            WRITTEN: nn.GraphConv((12, 8), 8, aggr='mean'),
+            HAS: nn.SAGEConv((12, 6), 8, aggr='max'),
+            OF: nn.GATConv((6, 12), 4, heads=2, add_self_loops=False),
+        }, aggr='sum')
+        self.conv2 = nn.HeteroConv({
+            CITES: nn.SAGEConv(8, 5),
+            WRITES: nn.GATv2Conv((8, 8), 5, add_self_loops=False),
+            WRITTEN: nn.SAGEConv((8, 8), 5, aggr='sum'),
+            OF: nn.GINConv(torch.nn.Linear(8, 5)),
+        }, aggr='mean')
+
+    def forward(self, x_dict, edge_index_dict, edge_attr_dict=None):
+        kwargs = {} if edge_attr_dict is None else {
+            'edge_attr_dict': edge_attr_dict}
+        h = self.conv1(x_dict, edge_index_dict, **kwargs)
+        h = {t: v.relu() for t, v in h.items()}
+        return self.conv2(h, edge_index_dict)
+
+
+class SAGE(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = pyg_nn.SAGEConv((-1, -1), 8)
+        self.conv2 = pyg_nn.SAGEConv((-1, -1), 5)
+        self.lin = torch.nn.Linear(5, 3)
+
+    def forward(self, x, edge_index):
+        x = self.conv1(x, edge_index).relu()
+        return self.lin(self.conv2(x, edge_index))
+
+
+class GAT(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = pyg_nn.GATConv((-1, -1), 4, heads=2,
+                                    add_self_loops=False)
+        self.conv2 = pyg_nn.GATConv((-1, -1), 5, add_self_loops=False)
+
+    def forward(self, x, edge_index):
+        return self.conv2(F.elu(self.conv1(x, edge_index)), edge_index)
+
+
+def _stock(name: str, data):
+    torch.manual_seed(0)
+    metadata = data.metadata()
+    if name.startswith('hetero_conv'):
+        model = HeteroNet(edge_attr=name.endswith('edge_attr'))
+    elif name.startswith('to_hetero_sage'):
+        model = to_hetero(SAGE(), metadata, aggr=name.rsplit('_', 1)[1])
+    else:
+        model = to_hetero(GAT(), metadata, aggr='max')
+    with torch.no_grad():  # initializes lazy parameters
+        model(data.x_dict, data.edge_index_dict)
+    torch.manual_seed(1)
+    for p in model.parameters():  # everything non-zero, biases too
+        p.data = torch.randn_like(p) * 0.5
+    return model
+
+
+def _loss(out_dict, ids_dict):
+    total = 0
+    for t, out in out_dict.items():
+        ids = ids_dict[t].to(out.dtype)
+        weight = (ids[:, None] * 37.0 + torch.arange(out.shape[1])).sin()
+        total = total + (out * weight).sum()
+    return total
+
+
+def _run(model, x_dict, graph, ids_dict, edge_attr_dict=None):
+    x_dict = {t: x.clone().requires_grad_() for t, x in x_dict.items()}
+    kwargs = {} if edge_attr_dict is None else {
+        'edge_attr_dict': edge_attr_dict}
+    model.zero_grad()
+    out = model(x_dict, graph, **kwargs)
+    _loss(out, ids_dict).backward()
+    return ({t: v.detach() for t, v in out.items()},
+            {t: x.grad for t, x in x_dict.items()},
+            {n: p.grad.clone() for n, p in model.named_parameters()
+             if p.grad is not None})
+
+
+def _worker(rank, world_size, models):
+    data = hard_hetero()
+    empty = {AUTHOR: 1, FIELD: 2}
+    part = BlockHeteroPart(data, rank, world_size, empty=empty)
+    x_dict = {t: part[t].x for t in part.node_types}
+    ids = {t: part[t].orig_ids for t in part.node_types}
+    results = {}
+    for mode, chunk in RUNS:
+        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+        assert isinstance(graph, pyg_sar.hetero_graph.HeteroDistGraph)
+        edge_attr = {CITES: part[CITES].edge_attr}
+        for name in models:
+            model = pyg_sar.nn.to_distributed(copy.deepcopy(_stock(name,
+                                                                   data)))
+            attr = edge_attr if name.endswith('edge_attr') else None
+            results[(mode, chunk, name)] = _run(model, x_dict, graph, ids,
+                                                attr)
+    return ids, results
+
+
+def _reference(name):
+    data = hard_hetero()
+    model = _stock(name, data)
+    ids = {t: torch.arange(data[t].num_nodes) for t in data.node_types}
+    attr = ({CITES: data[CITES].edge_attr} if name.endswith('edge_attr')
+            else None)
+    return _run(model, data.x_dict, data.edge_index_dict, ids, attr)
+
+
+def _assemble(per_rank, key, which, t, num_rows):
+    first = per_rank[0][1][key][which][t]
+    full = first.new_zeros((num_rows, *first.shape[1:]))
+    for ids, results in per_rank:
+        full[ids[t]] = results[key][which][t]
+    return full
+
+
+@pytest.mark.parametrize('world_size', [1, 2, 3])
+def test_hetero_models_match_pyg(world_size):
+    per_rank = run_workers(_worker, world_size, MODELS, timeout_s=120)
+    data = hard_hetero()
+    for name in MODELS:
+        ref_out, ref_xgrad, ref_pgrad = _reference(name)
+        for mode, chunk in RUNS:
+            key = (mode, chunk, name)
+            where = f'{name} {mode} chunk={chunk} world={world_size}'
+            assert set(per_rank[0][1][key][0]) == set(ref_out), where
+            for t in ref_out:
+                out = _assemble(per_rank, key, 0, t, data[t].num_nodes)
+                torch.testing.assert_close(out, ref_out[t], rtol=RTOL,
+                                           atol=ATOL, msg=f'{where} out {t}')
+            for t in ref_xgrad:
+                grad = _assemble(per_rank, key, 1, t, data[t].num_nodes)
+                torch.testing.assert_close(grad, ref_xgrad[t], rtol=RTOL,
+                                           atol=ATOL,
+                                           msg=f'{where} x grad {t}')
+            assert ref_pgrad, where
+            for pname, ref in ref_pgrad.items():
+                # A rank without nodes of a type has no gradient there.
+                grad = sum(r[1][key][2].get(pname, torch.zeros_like(ref))
+                           for r in per_rank)
+                torch.testing.assert_close(grad, ref, rtol=RTOL, atol=ATOL,
+                                           msg=f'{where} grad {pname}')
