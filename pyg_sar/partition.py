@@ -18,13 +18,13 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from pyg_sar.assign import (_balance_training_nodes, _fill_empty_parts,
                             _metis_parts, _random_parts, _symmetric_csr)
@@ -43,6 +43,24 @@ def _version() -> str:
 # Input validation ############################################################
 
 
+def _check_edge_index(edge_index: Any, name: str) -> Tensor:
+    r"""Checks that :obj:`edge_index` (called :obj:`name` in errors) is an
+    integer tensor of shape :obj:`[2, num_edges]`; returns it as int64."""
+    if edge_index is None:
+        raise ValueError(f"'{name}' is missing; expected a tensor of "
+                         f"shape [2, num_edges]")
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"'{name}' must be a tensor of shape "
+                        f"[2, num_edges] (got '{type(edge_index).__name__}')")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"'{name}' must have shape [2, num_edges] "
+                         f"(got {list(edge_index.shape)})")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"'{name}' must have dtype torch.int64 "
+                         f"(got {edge_index.dtype})")
+    return edge_index.long()
+
+
 def _split_attributes(
     data: Data,
 ) -> Tuple[int, Tensor, Dict[str, Tensor], Dict[str, Tensor], Dict[str, Any]]:
@@ -52,20 +70,7 @@ def _split_attributes(
         raise TypeError(f"Expected a 'torch_geometric.data.Data' object "
                         f"(got '{type(data).__name__}')")
 
-    edge_index = data.get('edge_index')
-    if edge_index is None:
-        raise ValueError("'data.edge_index' is missing; expected a tensor of "
-                         "shape [2, num_edges]")
-    if not isinstance(edge_index, Tensor):
-        raise TypeError(f"'data.edge_index' must be a tensor of shape "
-                        f"[2, num_edges] (got '{type(edge_index).__name__}')")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"'data.edge_index' must have shape [2, num_edges] "
-                         f"(got {list(edge_index.shape)})")
-    if edge_index.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"'data.edge_index' must have dtype torch.int64 "
-                         f"(got {edge_index.dtype})")
-    edge_index = edge_index.long()
+    edge_index = _check_edge_index(data.get('edge_index'), 'data.edge_index')
 
     num_nodes = data.num_nodes
     if num_nodes is None or num_nodes < 1:
@@ -110,6 +115,21 @@ def _split_attributes(
                 f"'{type(value).__name__}'; expected a tensor (node or edge "
                 f"attribute) or a Python scalar (graph attribute)")
     return num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"Unknown partition method '{method}'; expected one "
+                         f"of {list(METHODS)}")
+
+
+def _check_num_parts(num_parts: Any, num_nodes: int) -> None:
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
+        raise TypeError(f"'num_parts' must be an int (got "
+                        f"{type(num_parts).__name__})")
+    if not 1 <= num_parts <= num_nodes:
+        raise ValueError(f"'num_parts' must lie in [1, num_nodes="
+                         f"{num_nodes}] (got {num_parts})")
 
 
 def _check_out_dir(out_dir: str, overwrite: bool) -> None:
@@ -162,6 +182,11 @@ def partition_graph(
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
     :obj:`out_dir` in PyG's distributed on-disk format.
 
+    A :class:`~torch_geometric.data.HeteroData` is partitioned by
+    :func:`pyg_sar.partition_hetero.partition_hetero_graph` (every node type
+    balanced, per-type ids, PyG's heterogeneous layout); the rest of this
+    description is about a homogeneous :class:`Data`.
+
     Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
     :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
     order), and edges so that every part's incoming edges get contiguous new
@@ -173,7 +198,7 @@ def partition_graph(
     renamed when complete, so a failed run leaves nothing behind.
 
     Args:
-        data (torch_geometric.data.Data): The graph.
+        data (torch_geometric.data.Data or HeteroData): The graph.
         num_parts (int): Number of parts, between 1 and the number of nodes.
         out_dir (str): Output directory. Must be empty or absent unless
             :obj:`overwrite` is set.
@@ -200,19 +225,18 @@ def partition_graph(
     Returns:
         The manifest written to :obj:`out_dir/pyg_sar.json`.
     """
+    if isinstance(data, HeteroData):
+        from pyg_sar.partition_hetero import partition_hetero_graph
+        return partition_hetero_graph(
+            data, num_parts, out_dir, method=method,
+            balance_train=balance_train, seed=seed, overwrite=overwrite,
+            progress=progress, allow_non_finite=allow_non_finite)
     start_time = time.perf_counter()
-    if method not in METHODS:
-        raise ValueError(f"Unknown partition method '{method}'; expected one "
-                         f"of {list(METHODS)}")
+    _check_method(method)
     out_dir = osp.abspath(os.fspath(out_dir))
     num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
         _split_attributes(data)
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
-        raise TypeError(f"'num_parts' must be an int (got "
-                        f"{type(num_parts).__name__})")
-    if not 1 <= num_parts <= num_nodes:
-        raise ValueError(f"'num_parts' must lie in [1, num_nodes="
-                         f"{num_nodes}] (got {num_parts})")
+    _check_num_parts(num_parts, num_nodes)
     check_time = None
     if not allow_non_finite:
         check_start = time.perf_counter()
@@ -224,9 +248,31 @@ def partition_graph(
     if train_mask is not None and (train_mask.dtype != torch.bool
                                    or train_mask.dim() != 1):
         train_mask = None  # not a usable mask: skip the train statistics
+
+    def write(tmp_dir: str, bar: tqdm) -> Dict[str, Any]:
+        return _write_partition(tmp_dir, num_nodes, edge_index, node_attrs,
+                                edge_attrs, graph_attrs, num_parts, method,
+                                balance_train, seed, train_mask, bar)
+
+    return _write_atomically(out_dir, write, 4 + num_parts, progress,
+                             start_time, check_time)
+
+
+def _write_atomically(
+    out_dir: str,
+    write: Callable[[str, tqdm], Dict[str, Any]],
+    num_steps: int,
+    progress: Optional[bool],
+    start_time: float,
+    check_time: Optional[float],
+) -> Dict[str, Any]:
+    r"""Runs :obj:`write(tmp_dir, bar)` in a temporary folder next to
+    :obj:`out_dir`, adds the timings to the manifest it returns, writes the
+    manifest and renames the folder to :obj:`out_dir` (replacing an old
+    partition only once the new one is complete). A failure leaves nothing
+    behind."""
     if progress is None:
         progress = sys.stderr.isatty()
-
     parent = osp.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.tmp-',
@@ -237,12 +283,9 @@ def partition_graph(
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_dir, 0o777 & ~umask)
-        with tqdm(total=4 + num_parts, disable=not progress,
-                  desc='partition', unit='step') as bar:
-            manifest = _write_partition(
-                tmp_dir, num_nodes, edge_index, node_attrs, edge_attrs,
-                graph_attrs, num_parts, method, balance_train, seed,
-                train_mask, bar)
+        with tqdm(total=num_steps, disable=not progress, desc='partition',
+                  unit='step') as bar:
+            manifest = write(tmp_dir, bar)
         if check_time is not None:
             manifest['time_s']['check_finite'] = round(check_time, 4)
         manifest['time_s']['total'] = round(time.perf_counter() - start_time,
