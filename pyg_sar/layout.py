@@ -16,10 +16,12 @@ def _part_dir(root: str, part: int) -> str:
     return osp.join(root, f'part_{part}')
 
 # Heterogeneous partitions: one file per node type or edge type in these
-# folders (PyG's names for the maps; ours for the permutations).
+# folders (PyG's names for the maps; ours for the node and edge
+# permutations, new per-type id -> input id).
 NODE_MAP_DIR = 'node_map'
 EDGE_MAP_DIR = 'edge_map'
 PERM_DIR = 'perm'
+EDGE_PERM_DIR = 'edge_perm'
 
 
 def _edge_type_str(edge_type) -> str:

@@ -524,5 +524,7 @@ def _write_partition(
 # Reading a part back lives in pyg_sar.partition_load; both names stay
 # importable from here.
 from pyg_sar.partition_load import Partition, load_partition  # noqa: E402
+from pyg_sar.partition_hetero_load import HeteroPartition  # noqa: E402
 
-__all__ = ['partition_graph', 'Partition', 'load_partition']
+__all__ = ['partition_graph', 'Partition', 'HeteroPartition',
+           'load_partition']

@@ -27,7 +27,8 @@ from pyg_sar.assign import (_balance_node_type, _balance_training_nodes,
                             _symmetric_csr)
 from pyg_sar.finite import check_finite
 from pyg_sar.hetero_input import EdgeType, HeteroInput, split_hetero
-from pyg_sar.layout import (EDGE_MAP_DIR, FORMAT_VERSION, META_FILE,
+from pyg_sar.layout import (EDGE_MAP_DIR, EDGE_PERM_DIR, FORMAT_VERSION,
+                            META_FILE,
                             NODE_MAP_DIR, PERM_DIR, _edge_type_str,
                             _part_dir)
 from pyg_sar.partition import (_check_method, _check_num_parts,
@@ -67,7 +68,8 @@ def partition_hetero_graph(
     :obj:`num_nodes`) and every edge attribute (first dimension the edge
     type's number of edges) is kept; node types without attributes (only
     :obj:`num_nodes`) are fine. :obj:`perm/<node_type>.pt` maps new per-type
-    ids to input ids.
+    ids to input ids, :obj:`edge_perm/<src__rel__dst>.pt` new per-type edge ids
+    to input edge ids (columns of the type's :obj:`edge_index`).
 
     Args:
         data (torch_geometric.data.HeteroData): The graph.
@@ -250,7 +252,7 @@ def _write_hetero(root: str, graph: HeteroInput, num_parts: int,
 
     bar.set_postfix_str('write maps')
     part_ids = torch.arange(num_parts)
-    for folder in (NODE_MAP_DIR, EDGE_MAP_DIR, PERM_DIR):
+    for folder in (NODE_MAP_DIR, EDGE_MAP_DIR, PERM_DIR, EDGE_PERM_DIR):
         os.makedirs(osp.join(root, folder))
     for t in graph.node_types:
         _save(torch.repeat_interleave(part_ids, node_sizes[t]),
@@ -259,6 +261,8 @@ def _write_hetero(root: str, graph: HeteroInput, num_parts: int,
     for e in graph.edge_types:
         _save(torch.repeat_interleave(part_ids, edges[e]['sizes']),
               osp.join(root, EDGE_MAP_DIR, f'{_edge_type_str(e)}.pt'))
+        _save(edges[e]['perm'],
+              osp.join(root, EDGE_PERM_DIR, f'{_edge_type_str(e)}.pt'))
     _write_json(
         {
             'num_parts': num_parts,
@@ -425,6 +429,8 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
                       for e in graph.edge_types},
         },
         'perm_files': {t: f'{PERM_DIR}/{t}.pt' for t in graph.node_types},
+        'edge_perm_files': {names[e]: f'{EDGE_PERM_DIR}/{names[e]}.pt'
+                            for e in graph.edge_types},
         'node_attr_names': {t: list(graph.node_attrs[t])
                             for t in graph.node_types},
         'edge_attr_names': {names[e]: list(graph.edge_attrs[e])
