@@ -258,6 +258,22 @@ def test_every_type_balanced_where_metis_is_not(tmp_path):
     _check_round_trip(data, str(tmp_path / 'parts'), 2)
 
 
+def test_train_balance_keeps_types_balanced(tmp_path):
+    r"""All training nodes of type 'a' on one side of the METIS cut: the
+    training-node pass must swap them for non-training nodes of type 'a',
+    not for the (cheaper to move) nodes of type 'b'."""
+    data = HeteroData()
+    data['a'].x = torch.randn(60, 2)
+    data['a'].train_mask = torch.arange(60) < 30
+    data['b'].num_nodes = 60
+    data['a', 'next', 'a'].edge_index = torch.stack(
+        [torch.arange(59), torch.arange(1, 60)])
+    data['b', 'of', 'a'].edge_index = torch.arange(60).repeat(2, 1)
+    manifest = partition_graph(data, 2, tmp_path / 'parts')
+    assert manifest['train_swaps'] > 0
+    _check_balance(data, manifest, 2)
+
+
 def test_dblp(shared_data_root, tmp_path):
     data = datasets.load('DBLP', shared_data_root)
     out_dir = str(tmp_path / 'dblp')
