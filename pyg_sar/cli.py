@@ -94,7 +94,8 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
 
 def _run_partition(args: argparse.Namespace) -> int:
     from pyg_sar import datasets
-    from pyg_sar.partition import _check_out_dir, partition_graph
+    from pyg_sar.out_dir import _check_out_dir
+    from pyg_sar.partition import partition_graph
 
     # Fail before the (possibly slow) dataset load, not after it.
     _check_out_dir(osp.abspath(args.out), args.overwrite)
@@ -189,7 +190,7 @@ def _format_table(header: List[str], rows: List[List[str]]) -> str:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from pyg_sar.partition import MANIFEST_FILE
+    from pyg_sar.layout import MANIFEST_FILE
     path = osp.join(args.dir, MANIFEST_FILE)
     if not osp.isfile(path):
         raise FileNotFoundError(f"'{path}' not found; is '{args.dir}' a "

@@ -31,10 +31,10 @@ from pyg_sar.layout import (EDGE_MAP_DIR, EDGE_PERM_DIR, FORMAT_VERSION,
                             META_FILE,
                             NODE_MAP_DIR, PERM_DIR, _edge_type_str,
                             _part_dir)
+from pyg_sar.out_dir import _check_out_dir, _write_atomically, _write_json
 from pyg_sar.partition import (_check_method, _check_num_parts,
-                               _check_out_dir, _count_per_part, _ratio,
-                               _save, _tensor_info, _version,
-                               _write_atomically, _write_json)
+                               _count_per_part, _ratio, _save, _tensor_info,
+                               _version)
 
 
 def _train_masks(graph: HeteroInput) -> Dict[str, Tensor]:

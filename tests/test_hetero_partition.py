@@ -390,3 +390,22 @@ def test_loader_errors(handcrafted, tmp_path):
     (out_dir / 'META.json').write_text(json.dumps(meta))
     with pytest.raises(ValueError, match='META.json.*node/edge types'):
         load_partition(out_dir, 1)
+
+
+def test_failed_run_leaves_nothing(handcrafted, tmp_path, monkeypatch):
+    import pyg_sar.partition_hetero as hetero_module
+    out_dir = tmp_path / 'out'
+    partition_graph(handcrafted, 2, out_dir)
+    before = sorted(os.listdir(out_dir))
+
+    def failing_save(obj, path):
+        if osp.basename(path) == 'node_feats.pt':  # after some files
+            raise OSError('disk full')
+        torch.save(obj, path)
+
+    monkeypatch.setattr(hetero_module, '_save', failing_save)
+    with pytest.raises(OSError, match='disk full'):
+        partition_graph(handcrafted, 3, out_dir, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ['out']
+    assert sorted(os.listdir(out_dir)) == before
+    assert load_partition(out_dir, 1).num_parts == 2
