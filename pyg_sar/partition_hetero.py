@@ -172,11 +172,16 @@ def _assign(graph: HeteroInput, num_parts: int, method: str,
     type_masks = {}
     num_moved = 0
     for node_type in graph.node_types:
+        start = offsets[node_type]
+        end = start + graph.num_nodes[node_type]
         mask = torch.zeros(total, dtype=torch.bool)
-        mask[offsets[node_type]:offsets[node_type] +
-             graph.num_nodes[node_type]] = True
+        mask[start:end] = True
         type_masks[node_type] = mask
-        num_moved += _balance_node_type(part, row, col, mask, num_parts)
+        # Only the neighbors of this type's nodes matter for its moves: the
+        # rows of the type are one slice of the row-sorted adjacency.
+        lo, hi = torch.searchsorted(row, torch.tensor([start, end])).tolist()
+        num_moved += _balance_node_type(part, row[lo:hi], col[lo:hi], mask,
+                                        num_parts)
     num_swapped = 0
     for node_type, train_mask in train_masks.items():
         if int(train_mask.sum()) == 0:
