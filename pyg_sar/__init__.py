@@ -3,7 +3,8 @@ import importlib
 from typing import Any
 
 from pyg_sar import datasets
-from pyg_sar.partition import Partition, load_partition, partition_graph
+from pyg_sar.partition import (HeteroPartition, Partition, load_partition,
+                               partition_graph)
 
 __version__ = '0.1.0'
 
@@ -38,6 +39,7 @@ __all__ = [
     'partition_graph',
     'load_partition',
     'Partition',
+    'HeteroPartition',
     'datasets',
     *_LAZY_ATTRIBUTES,
     '__version__',

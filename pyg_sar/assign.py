@@ -1,5 +1,6 @@
 """Which part every node goes to: METIS (pymetis) on the symmetrized graph,
-or a seeded random split, then no empty part and training nodes balanced."""
+or a seeded random split, then no empty part, every node type of a
+heterogeneous graph and the training nodes balanced."""
 import math
 from typing import Optional, Tuple
 
@@ -10,6 +11,8 @@ from torch import Tensor
 # Allowed deviation of a part's training-node count from the mean before the
 # training-node balancing pass moves nodes.
 TRAIN_BALANCE_TOLERANCE = 0.05
+# The same for the node count of every node type of a heterogeneous graph.
+TYPE_BALANCE_TOLERANCE = 0.05
 
 
 def _symmetric_csr(edge_index: Tensor,
@@ -97,11 +100,16 @@ def _fill_empty_parts(part: Tensor, row: Tensor, col: Tensor,
 
 
 def _balance_training_nodes(part: Tensor, row: Tensor, col: Tensor,
-                            train_mask: Tensor, num_parts: int) -> int:
+                            train_mask: Tensor, num_parts: int,
+                            pool: Optional[Tensor] = None) -> int:
     r"""Moves training nodes from parts with too many to parts with too few,
     swapping the same number of non-training nodes back so that node counts
     stay unchanged. Candidates are ranked by the cut change of the move, so
-    boundary nodes move first. Returns the number of swapped pairs."""
+    boundary nodes move first. Returns the number of swapped pairs.
+
+    :obj:`pool` (a node mask) restricts the non-training nodes swapped back,
+    e.g. to the node type of the training nodes, so that per-type node
+    counts stay unchanged too."""
     num_nodes = part.numel()
     target = float(train_mask.sum()) / num_parts
     upper = math.floor(target * (1 + TRAIN_BALANCE_TOLERANCE) + 1)
@@ -120,7 +128,10 @@ def _balance_training_nodes(part: Tensor, row: Tensor, col: Tensor,
         gain = to_receiver - to_donor
 
         out_nodes = ((part == donor) & train_mask).nonzero().view(-1)
-        back_nodes = ((part == receiver) & ~train_mask).nonzero().view(-1)
+        back = (part == receiver) & ~train_mask
+        if pool is not None:
+            back &= pool
+        back_nodes = back.nonzero().view(-1)
         amount = min(amount, out_nodes.numel(), back_nodes.numel())
         if amount == 0:
             break
@@ -130,3 +141,37 @@ def _balance_training_nodes(part: Tensor, row: Tensor, col: Tensor,
         part[back_nodes] = donor
         num_swapped += amount
     return num_swapped
+
+
+def _balance_node_type(part: Tensor, row: Tensor, col: Tensor,
+                       type_mask: Tensor, num_parts: int) -> int:
+    r"""Moves nodes of one type (:obj:`type_mask`) from parts with too many
+    of them to parts with too few, until every part holds the mean count
+    within :obj:`TYPE_BALANCE_TOLERANCE` (and at least one node of the type
+    when it has :obj:`num_parts` nodes or more). METIS balances only the
+    total node count (pymetis has no multi-constraint balancing, see
+    :func:`_metis_parts`). Candidates are ranked by the cut change of the
+    move, so boundary nodes move first. Returns the number of moved nodes.
+    """
+    num_nodes = part.numel()
+    num_typed = int(type_mask.sum())
+    target = num_typed / num_parts
+    upper = math.floor(target * (1 + TYPE_BALANCE_TOLERANCE) + 1)
+    lower = math.ceil(target * (1 - TYPE_BALANCE_TOLERANCE) - 1)
+    lower = max(lower, 1 if num_typed >= num_parts else 0)
+    num_moved = 0
+    for _ in range(2 * num_parts * num_parts):
+        counts = torch.bincount(part[type_mask], minlength=num_parts)
+        donor, receiver = int(counts.argmax()), int(counts.argmin())
+        if counts[donor] <= upper and counts[receiver] >= lower:
+            break
+        amount = max(1, int(min(counts[donor] - target,
+                                target - counts[receiver])))
+        gain = (_neighbors_in_part(row, col, part, receiver, num_nodes) -
+                _neighbors_in_part(row, col, part, donor, num_nodes))
+        out_nodes = ((part == donor) & type_mask).nonzero().view(-1)
+        amount = min(amount, out_nodes.numel())
+        out_nodes = out_nodes[torch.topk(gain[out_nodes], amount).indices]
+        part[out_nodes] = receiver
+        num_moved += amount
+    return num_moved

@@ -11,12 +11,8 @@ every part owns one contiguous range of new ids, and writes the layout of
 :func:`load_partition` (:mod:`pyg_sar.partition_load`) reads one part back
 as a :class:`Partition`.
 """
-import json
 import os
 import os.path as osp
-import shutil
-import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -24,14 +20,14 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from pyg_sar.assign import (_balance_training_nodes, _fill_empty_parts,
                             _metis_parts, _random_parts, _symmetric_csr)
 from pyg_sar.finite import check_finite
-from pyg_sar.layout import (EDGE_MAP_FILE, FORMAT_VERSION, MANIFEST_FILE,
-                            META_FILE, METHODS, NODE_MAP_FILE, PERM_FILE,
-                            _part_dir)
+from pyg_sar.layout import (EDGE_MAP_FILE, FORMAT_VERSION, META_FILE,
+                            METHODS, NODE_MAP_FILE, PERM_FILE, _part_dir)
+from pyg_sar.out_dir import _check_out_dir, _write_atomically, _write_json
 
 
 
@@ -43,6 +39,24 @@ def _version() -> str:
 # Input validation ############################################################
 
 
+def _check_edge_index(edge_index: Any, name: str) -> Tensor:
+    r"""Checks that :obj:`edge_index` (called :obj:`name` in errors) is an
+    integer tensor of shape :obj:`[2, num_edges]`; returns it as int64."""
+    if edge_index is None:
+        raise ValueError(f"'{name}' is missing; expected a tensor of "
+                         f"shape [2, num_edges]")
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"'{name}' must be a tensor of shape "
+                        f"[2, num_edges] (got '{type(edge_index).__name__}')")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"'{name}' must have shape [2, num_edges] "
+                         f"(got {list(edge_index.shape)})")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"'{name}' must have dtype torch.int64 "
+                         f"(got {edge_index.dtype})")
+    return edge_index.long()
+
+
 def _split_attributes(
     data: Data,
 ) -> Tuple[int, Tensor, Dict[str, Tensor], Dict[str, Tensor], Dict[str, Any]]:
@@ -52,20 +66,7 @@ def _split_attributes(
         raise TypeError(f"Expected a 'torch_geometric.data.Data' object "
                         f"(got '{type(data).__name__}')")
 
-    edge_index = data.get('edge_index')
-    if edge_index is None:
-        raise ValueError("'data.edge_index' is missing; expected a tensor of "
-                         "shape [2, num_edges]")
-    if not isinstance(edge_index, Tensor):
-        raise TypeError(f"'data.edge_index' must be a tensor of shape "
-                        f"[2, num_edges] (got '{type(edge_index).__name__}')")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"'data.edge_index' must have shape [2, num_edges] "
-                         f"(got {list(edge_index.shape)})")
-    if edge_index.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"'data.edge_index' must have dtype torch.int64 "
-                         f"(got {edge_index.dtype})")
-    edge_index = edge_index.long()
+    edge_index = _check_edge_index(data.get('edge_index'), 'data.edge_index')
 
     num_nodes = data.num_nodes
     if num_nodes is None or num_nodes < 1:
@@ -112,23 +113,19 @@ def _split_attributes(
     return num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs
 
 
-def _check_out_dir(out_dir: str, overwrite: bool) -> None:
-    if osp.isfile(out_dir):
-        raise FileExistsError(f"Output path '{out_dir}' is a file; expected "
-                              f"a directory")
-    if not osp.isdir(out_dir) or not os.listdir(out_dir):
-        return
-    if not overwrite:
-        raise FileExistsError(
-            f"Output directory '{out_dir}' is not empty; pass "
-            f"overwrite=True (--overwrite) to replace it")
-    # Never delete a folder that does not look like a partition.
-    if not (osp.exists(osp.join(out_dir, MANIFEST_FILE))
-            or osp.exists(osp.join(out_dir, META_FILE))):
-        raise FileExistsError(
-            f"Refusing to overwrite '{out_dir}': it is not empty and holds "
-            f"no '{MANIFEST_FILE}' or '{META_FILE}', so it is not a "
-            f"partition directory")
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"Unknown partition method '{method}'; expected one "
+                         f"of {list(METHODS)}")
+
+
+def _check_num_parts(num_parts: Any, num_nodes: int) -> None:
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
+        raise TypeError(f"'num_parts' must be an int (got "
+                        f"{type(num_parts).__name__})")
+    if not 1 <= num_parts <= num_nodes:
+        raise ValueError(f"'num_parts' must lie in [1, num_nodes="
+                         f"{num_nodes}] (got {num_parts})")
 
 
 def _count_per_part(values: Tensor, num_parts: int) -> Tensor:
@@ -162,6 +159,11 @@ def partition_graph(
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
     :obj:`out_dir` in PyG's distributed on-disk format.
 
+    A :class:`~torch_geometric.data.HeteroData` is partitioned by
+    :func:`pyg_sar.partition_hetero.partition_hetero_graph` (every node type
+    balanced, per-type ids, PyG's heterogeneous layout); the rest of this
+    description is about a homogeneous :class:`Data`.
+
     Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
     :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
     order), and edges so that every part's incoming edges get contiguous new
@@ -173,7 +175,7 @@ def partition_graph(
     renamed when complete, so a failed run leaves nothing behind.
 
     Args:
-        data (torch_geometric.data.Data): The graph.
+        data (torch_geometric.data.Data or HeteroData): The graph.
         num_parts (int): Number of parts, between 1 and the number of nodes.
         out_dir (str): Output directory. Must be empty or absent unless
             :obj:`overwrite` is set.
@@ -200,19 +202,18 @@ def partition_graph(
     Returns:
         The manifest written to :obj:`out_dir/pyg_sar.json`.
     """
+    if isinstance(data, HeteroData):
+        from pyg_sar.partition_hetero import partition_hetero_graph
+        return partition_hetero_graph(
+            data, num_parts, out_dir, method=method,
+            balance_train=balance_train, seed=seed, overwrite=overwrite,
+            progress=progress, allow_non_finite=allow_non_finite)
     start_time = time.perf_counter()
-    if method not in METHODS:
-        raise ValueError(f"Unknown partition method '{method}'; expected one "
-                         f"of {list(METHODS)}")
+    _check_method(method)
     out_dir = osp.abspath(os.fspath(out_dir))
     num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
         _split_attributes(data)
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
-        raise TypeError(f"'num_parts' must be an int (got "
-                        f"{type(num_parts).__name__})")
-    if not 1 <= num_parts <= num_nodes:
-        raise ValueError(f"'num_parts' must lie in [1, num_nodes="
-                         f"{num_nodes}] (got {num_parts})")
+    _check_num_parts(num_parts, num_nodes)
     check_time = None
     if not allow_non_finite:
         check_start = time.perf_counter()
@@ -224,60 +225,14 @@ def partition_graph(
     if train_mask is not None and (train_mask.dtype != torch.bool
                                    or train_mask.dim() != 1):
         train_mask = None  # not a usable mask: skip the train statistics
-    if progress is None:
-        progress = sys.stderr.isatty()
 
-    parent = osp.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.tmp-',
-                               dir=parent)
-    try:
-        # mkdtemp creates the folder private (0700); give the final
-        # partition the permissions of a normally created directory.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_dir, 0o777 & ~umask)
-        with tqdm(total=4 + num_parts, disable=not progress,
-                  desc='partition', unit='step') as bar:
-            manifest = _write_partition(
-                tmp_dir, num_nodes, edge_index, node_attrs, edge_attrs,
-                graph_attrs, num_parts, method, balance_train, seed,
-                train_mask, bar)
-        if check_time is not None:
-            manifest['time_s']['check_finite'] = round(check_time, 4)
-        manifest['time_s']['total'] = round(time.perf_counter() - start_time,
-                                            3)
-        _write_json(manifest, osp.join(tmp_dir, MANIFEST_FILE))
-        _replace_dir(tmp_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    return manifest
+    def write(tmp_dir: str, bar: tqdm) -> Dict[str, Any]:
+        return _write_partition(tmp_dir, num_nodes, edge_index, node_attrs,
+                                edge_attrs, graph_attrs, num_parts, method,
+                                balance_train, seed, train_mask, bar)
 
-
-def _write_json(obj: Any, path: str) -> None:
-    with open(path, 'w') as f:
-        json.dump(obj, f, indent=2)
-        f.write('\n')
-
-
-def _replace_dir(new_dir: str, out_dir: str) -> None:
-    if not osp.exists(out_dir):
-        os.rename(new_dir, out_dir)
-        return
-    # Move the old directory aside first: rename() cannot replace a
-    # non-empty directory, and the old one must survive until the new one
-    # is in place.
-    trash_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.old-',
-                                 dir=osp.dirname(out_dir))
-    os.rmdir(trash_dir)
-    os.rename(out_dir, trash_dir)
-    try:
-        os.rename(new_dir, out_dir)
-    except BaseException:
-        os.rename(trash_dir, out_dir)
-        raise
-    shutil.rmtree(trash_dir, ignore_errors=True)
+    return _write_atomically(out_dir, write, 4 + num_parts, progress,
+                             start_time, check_time)
 
 
 def _write_partition(
@@ -481,5 +436,7 @@ def _write_partition(
 # Reading a part back lives in pyg_sar.partition_load; both names stay
 # importable from here.
 from pyg_sar.partition_load import Partition, load_partition  # noqa: E402
+from pyg_sar.partition_hetero_load import HeteroPartition  # noqa: E402
 
-__all__ = ['partition_graph', 'Partition', 'load_partition']
+__all__ = ['partition_graph', 'Partition', 'HeteroPartition',
+           'load_partition']

@@ -29,6 +29,8 @@ class Partition:
     order (see :obj:`edge_attr_names`). Both are also available through the
     :obj:`node_attrs` and :obj:`edge_attrs` dictionaries.
     """
+    is_hetero = False
+
     def __init__(
         self,
         root: str,
@@ -164,9 +166,27 @@ def _load_feats(part_dir: str, kind: str, num_rows: int,
     return attrs
 
 
+def _check_rank(root: str, rank: Any, num_parts: int) -> str:
+    r"""Checks :obj:`rank` against :obj:`num_parts`; returns the folder of
+    the part."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"'rank' must be an int (got {type(rank).__name__})")
+    if not 0 <= rank < num_parts:
+        raise ValueError(f"'rank' must lie in [0, {num_parts - 1}] for the "
+                         f"{num_parts}-part partition in '{root}' (got "
+                         f"{rank})")
+    part_dir = _part_dir(root, rank)
+    if not osp.isdir(part_dir):
+        raise FileNotFoundError(f"Partition directory '{part_dir}' is "
+                                f"missing")
+    return part_dir
+
+
 def load_partition(root: str, rank: int) -> Partition:
     r"""Loads part :obj:`rank` of the partition written to :obj:`root` by
-    :func:`partition_graph`.
+    :func:`partition_graph`: a :class:`Partition`, or a
+    :class:`~pyg_sar.partition_hetero_load.HeteroPartition` when the
+    partition is heterogeneous (:obj:`META.json` says :obj:`is_hetero`).
 
     Files are read with :obj:`torch.load(weights_only=True)` and checked
     against :obj:`META.json` and :obj:`pyg_sar.json`; a missing, corrupt or
@@ -184,6 +204,10 @@ def load_partition(root: str, rank: int) -> Partition:
     manifest = _parse_json(manifest_bytes, manifest_path)
     fingerprint = hashlib.sha256(meta_bytes + b'\0' +
                                  manifest_bytes).hexdigest()
+
+    if meta.get('is_hetero') is True:
+        from pyg_sar.partition_hetero_load import load_hetero_partition
+        return load_hetero_partition(root, rank, meta, manifest, fingerprint)
 
     try:
         num_parts = int(manifest['num_parts'])
@@ -207,16 +231,7 @@ def load_partition(root: str, rank: int) -> Partition:
             and int(edge_ptr[-1]) == num_edges, manifest_path,
             'node_ptr/edge_ptr do not match num_parts, num_nodes, num_edges')
 
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise TypeError(f"'rank' must be an int (got {type(rank).__name__})")
-    if not 0 <= rank < num_parts:
-        raise ValueError(f"'rank' must lie in [0, {num_parts - 1}] for the "
-                         f"{num_parts}-part partition in '{root}' (got "
-                         f"{rank})")
-    part_dir = _part_dir(root, rank)
-    if not osp.isdir(part_dir):
-        raise FileNotFoundError(f"Partition directory '{part_dir}' is "
-                                f"missing")
+    part_dir = _check_rank(root, rank, num_parts)
 
     node_start, node_end = int(node_ptr[rank]), int(node_ptr[rank + 1])
     edge_start, edge_end = int(edge_ptr[rank]), int(edge_ptr[rank + 1])
