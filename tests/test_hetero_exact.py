@@ -17,7 +17,7 @@ from torch_geometric.nn import to_hetero
 
 import pyg_sar
 from _dist import run_workers
-from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, PAPER, WRITES, WRITTEN,
+from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, WRITES, WRITTEN,
                      BlockHeteroPart, hard_hetero)
 
 RTOL, ATOL = 1e-4, 1e-5
