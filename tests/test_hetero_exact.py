@@ -118,10 +118,13 @@ def _run(model, x_dict, graph, ids_dict, edge_attr_dict=None):
              if p.grad is not None})
 
 
-def _worker(rank, world_size, models):
+def _worker(rank, world_size, models, part_dir=None):
     data = hard_hetero()
-    empty = {AUTHOR: 1, FIELD: 2}
-    part = BlockHeteroPart(data, rank, world_size, empty=empty)
+    if part_dir is None:
+        empty = {AUTHOR: 1, FIELD: 2}
+        part = BlockHeteroPart(data, rank, world_size, empty=empty)
+    else:
+        part = pyg_sar.load_partition(part_dir, rank)
     x_dict = {t: part[t].x for t in part.node_types}
     ids = {t: part[t].orig_ids for t in part.node_types}
     results = {}
@@ -158,8 +161,23 @@ def _assemble(per_rank, key, which, t, num_rows):
 @pytest.mark.parametrize('world_size', [1, 2, 3])
 def test_hetero_models_match_pyg(world_size):
     per_rank = run_workers(_worker, world_size, MODELS, timeout_s=120)
+    _compare(per_rank, world_size)
+
+
+@pytest.mark.parametrize('world_size', [2, 3])
+def test_hetero_models_match_pyg_on_metis_parts(world_size, tmp_path):
+    """The same through the partitioner and load_partition (relabelled
+    ids, edges in the partition's CSC order)."""
+    pyg_sar.partition_graph(hard_hetero(), world_size, tmp_path / 'parts',
+                            progress=False)
+    per_rank = run_workers(_worker, world_size, MODELS[:2],
+                           str(tmp_path / 'parts'), timeout_s=120)
+    _compare(per_rank, world_size, MODELS[:2])
+
+
+def _compare(per_rank, world_size, models=MODELS):
     data = hard_hetero()
-    for name in MODELS:
+    for name in models:
         ref_out, ref_xgrad, ref_pgrad = _reference(name)
         for mode, chunk in RUNS:
             key = (mode, chunk, name)
