@@ -9,11 +9,14 @@ from pyg_sar.nn.gatv2_conv import GATv2Conv
 from pyg_sar.nn.norm import (BatchNorm, BatchNorm1d, GraphNorm, InstanceNorm,
                              LayerNorm, PairNorm)
 from pyg_sar.nn.dir_gnn_conv import DistDirGNNConv
+from pyg_sar.nn.rgcn_conv import FastRGCNConv, RGCNConv
+from pyg_sar.nn.hetero_conv import HeteroConv
 from pyg_sar.nn.convert import convertible, to_distributed
 
 __all__ = [
     'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
     'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
-    'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv',
+    'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv', 'RGCNConv',
+    'FastRGCNConv', 'HeteroConv',
     'to_distributed', 'convertible'
 ]

@@ -33,6 +33,7 @@ from pyg_sar.nn.gin_conv import GINConv
 from pyg_sar.nn.graph_conv import GraphConv
 from pyg_sar.nn.message_passing import DistMessagePassing
 from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
+from pyg_sar.nn.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.sage_conv import SAGEConv
 
 
@@ -47,6 +48,14 @@ def _gat_args(m) -> Dict:
                 add_self_loops=m.add_self_loops, edge_dim=m.edge_dim,
                 fill_value=m.fill_value, bias=m.bias is not None,
                 residual=m.residual)
+
+
+def _rgcn_args(m) -> Dict:
+    return dict(in_channels=m.in_channels, out_channels=m.out_channels,
+                num_relations=m.num_relations, num_bases=m.num_bases,
+                num_blocks=m.num_blocks, aggr=m.aggr,
+                root_weight=m.root is not None, is_sorted=m.is_sorted,
+                bias=m.bias is not None)
 
 
 # Layers with a SAR-engine twin, rebuilt with their own constructor args.
@@ -66,6 +75,8 @@ _TWINS: Dict[Type, Callable] = {
                                       train_eps=isinstance(
                                           m.eps, torch.nn.Parameter)),
     pyg_nn.GATConv: lambda m: GATConv(**_gat_args(m)),
+    pyg_nn.RGCNConv: lambda m: RGCNConv(**_rgcn_args(m)),
+    pyg_nn.FastRGCNConv: lambda m: FastRGCNConv(**_rgcn_args(m)),
     pyg_nn.GATv2Conv: lambda m: GATv2Conv(
         **_gat_args(m), share_weights=m.share_weights),
 }
@@ -98,7 +109,7 @@ REFUSAL_REASONS = {
     'CuGraphSAGEConv': _KERNEL, 'CuGraphGATConv': _KERNEL,
     'CuGraphRGCNConv': _KERNEL, 'FusedGATConv': _KERNEL,
     'SplineConv': _KERNEL, 'GravNetConv': _KNN, 'DynamicEdgeConv': _KNN,
-    'XConv': _KNN, 'RGCNConv': _HETERO, 'FastRGCNConv': _HETERO,
+    'XConv': _KNN,
     'RGATConv': _HETERO, 'HGTConv': _HETERO, 'HEATConv': _HETERO,
     'HANConv': _HETERO,
     'SignedConv': 'takes two edge sets (positive and negative)',
