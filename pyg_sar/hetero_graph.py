@@ -85,6 +85,7 @@ class HeteroDistGraph(Mapping):
                 store.csc_ptr, store.csc_src, store.csc_eid,
                 orig_ids=self.orig_ids_dict[dst])
         self.device = torch.device('cpu')
+        self._merged: Dict[tuple, tuple] = {}
         if device is not None:
             self.to(device)
 
@@ -144,6 +145,19 @@ class HeteroDistGraph(Mapping):
             out[(src, rel, dst)] = g.halo_bytes(width, itemsize)
         return out
 
+    def merged(self, node_types: List[str], edge_types: List[EdgeType]):
+        """All ``edge_types`` as one bipartite graph into the local nodes of
+        ``node_types`` (:func:`pyg_sar.hetero_merge.merge_relations`):
+        ``(graph, relation index per edge, first row per node type)``.
+        Collective on first use (every rank with the same lists), then
+        cached."""
+        key = (tuple(node_types), tuple(tuple(e) for e in edge_types))
+        if key not in self._merged:
+            from pyg_sar.hetero_merge import merge_relations
+            self._merged[key] = merge_relations(self, list(key[0]),
+                                                list(key[1]))
+        return self._merged[key]
+
     def node_offset(self, node_type: str) -> int:
         """First global id (in the type's numbering) of this worker."""
         return int(self.node_ptr_dict[node_type][self.rank])
@@ -152,6 +166,7 @@ class HeteroDistGraph(Mapping):
         """Moves every relation's index tensors to ``device`` in place (see
         :meth:`DistGraph.to`) and returns the graph."""
         device = torch.device(device)
+        self._merged = {}
         for g in self._relations.values():
             g.to(device)
         self.node_ptr_dict = {t: p.to(device)

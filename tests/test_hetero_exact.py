@@ -22,7 +22,7 @@ from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, WRITES, WRITTEN,
 
 RTOL, ATOL = 1e-4, 1e-5
 MODELS = ('hetero_conv', 'hetero_conv_edge_attr', 'to_hetero_sage_sum',
-          'to_hetero_sage_mean', 'to_hetero_gat_max')
+          'to_hetero_sage_mean', 'to_hetero_gat_max', 'hgt')
 RUNS = [('sar', None), ('sa', 7), ('one_shot', None), ('sar', 7)]
 
 
@@ -79,11 +79,25 @@ class GAT(torch.nn.Module):
         return self.conv2(F.elu(self.conv1(x, edge_index)), edge_index)
 
 
+class HGT(torch.nn.Module):
+    def __init__(self, metadata) -> None:
+        super().__init__()
+        self.conv1 = pyg_nn.HGTConv(-1, 8, metadata, heads=2)
+        self.conv2 = pyg_nn.HGTConv(8, 8, metadata, heads=2)
+
+    def forward(self, x_dict, edge_index_dict):
+        h = self.conv1(x_dict, edge_index_dict)
+        return self.conv2({t: v.relu() for t, v in h.items()},
+                          edge_index_dict)
+
+
 def _stock(name: str, data):
     torch.manual_seed(0)
     metadata = data.metadata()
     if name.startswith('hetero_conv'):
         model = HeteroNet(edge_attr=name.endswith('edge_attr'))
+    elif name == 'hgt':
+        model = HGT(metadata)
     elif name.startswith('to_hetero_sage'):
         model = to_hetero(SAGE(), metadata, aggr=name.rsplit('_', 1)[1])
     else:

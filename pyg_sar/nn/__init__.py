@@ -11,12 +11,13 @@ from pyg_sar.nn.norm import (BatchNorm, BatchNorm1d, GraphNorm, InstanceNorm,
 from pyg_sar.nn.dir_gnn_conv import DistDirGNNConv
 from pyg_sar.nn.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.hetero_conv import HeteroConv
+from pyg_sar.nn.hgt_conv import HGTConv
 from pyg_sar.nn.convert import convertible, to_distributed
 
 __all__ = [
     'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
     'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
     'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv', 'RGCNConv',
-    'FastRGCNConv', 'HeteroConv',
+    'FastRGCNConv', 'HeteroConv', 'HGTConv',
     'to_distributed', 'convertible'
 ]

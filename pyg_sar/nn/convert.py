@@ -33,6 +33,7 @@ from pyg_sar.nn.gin_conv import GINConv
 from pyg_sar.nn.graph_conv import GraphConv
 from pyg_sar.nn.message_passing import DistMessagePassing
 from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
+from pyg_sar.nn.hgt_conv import HGTConv
 from pyg_sar.nn.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.sage_conv import SAGEConv
 
@@ -76,6 +77,9 @@ _TWINS: Dict[Type, Callable] = {
                                           m.eps, torch.nn.Parameter)),
     pyg_nn.GATConv: lambda m: GATConv(**_gat_args(m)),
     pyg_nn.RGCNConv: lambda m: RGCNConv(**_rgcn_args(m)),
+    pyg_nn.HGTConv: lambda m: HGTConv(
+        m.in_channels, m.out_channels, (list(m.node_types),
+                                        list(m.edge_types)), heads=m.heads),
     pyg_nn.FastRGCNConv: lambda m: FastRGCNConv(**_rgcn_args(m)),
     pyg_nn.GATv2Conv: lambda m: GATv2Conv(
         **_gat_args(m), share_weights=m.share_weights),
@@ -110,7 +114,7 @@ REFUSAL_REASONS = {
     'CuGraphRGCNConv': _KERNEL, 'FusedGATConv': _KERNEL,
     'SplineConv': _KERNEL, 'GravNetConv': _KNN, 'DynamicEdgeConv': _KNN,
     'XConv': _KNN,
-    'RGATConv': _HETERO, 'HGTConv': _HETERO, 'HEATConv': _HETERO,
+    'RGATConv': _HETERO, 'HEATConv': _HETERO,
     'HANConv': _HETERO,
     'SignedConv': 'takes two edge sets (positive and negative)',
     'HypergraphConv': 'aggregates over hyperedges, not edges',
