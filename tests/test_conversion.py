@@ -20,6 +20,9 @@ from test_zoo_exact import ZOO
 # test_sar_exact.py, everything else in test_zoo_exact.py.
 TWINS = {pyg_nn.GCNConv, pyg_nn.SAGEConv, pyg_nn.GraphConv, pyg_nn.GINConv,
          pyg_nn.GATConv, pyg_nn.GATv2Conv}
+# Exactness tests: tests/test_rgcn_exact.py, tests/test_hetero_exact.py.
+RELATIONAL = {pyg_nn.RGCNConv, pyg_nn.FastRGCNConv, pyg_nn.HGTConv,
+              pyg_nn.HeteroConv}
 
 
 def _bare(cls):
@@ -30,7 +33,7 @@ def _bare(cls):
 
 
 def test_every_pyg_conv_converts_exactly_or_is_refused_by_name():
-    tested = TWINS | {type(make()) for make, _ in ZOO.values()}
+    tested = TWINS | RELATIONAL | {type(make()) for make, _ in ZOO.values()}
     converted, refused = [], []
     for name in pyg_conv.__all__:
         cls = getattr(pyg_conv, name)
