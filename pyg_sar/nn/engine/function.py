@@ -213,9 +213,14 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
                                                       grad_out), )
             keys = list(made)
             targets = [made[k][0] for k in keys] + params
-            if not targets:
+            # Outputs that depend on nothing differentiable (raw features
+            # into a message that reads no parameter) have no gradient.
+            pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
+                     if o.requires_grad]
+            if not targets or not pairs:
                 return
-            res = torch.autograd.grad(outputs, targets, grad_outputs,
+            res = torch.autograd.grad([o for o, _ in pairs], targets,
+                                      [g for _, g in pairs],
                                       allow_unused=True)
             for key, value in zip(keys, res):
                 if value is None:
