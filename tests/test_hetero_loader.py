@@ -360,3 +360,66 @@ def test_hetero_errors_are_clear(one_part):
     with pytest.raises(ValueError, match=r"num_neighbors\[.*cites"):
         DistNeighborLoader(part, {**DICT_FANOUTS, CITES: [1, -3]},
                            input_nodes=PAPER)
+
+
+# Sampled training of a to_hetero model on 2 workers #########################
+
+def _train(rank, world_size, root, epochs):
+    import torch.nn.functional as F
+    from torch_geometric.nn import SAGEConv, to_hetero
+    import pyg_sar
+    from pyg_sar import comm
+
+    class SAGE(torch.nn.Module):
+        def __init__(self, hidden, out_channels):
+            super().__init__()
+            self.conv1 = SAGEConv((-1, -1), hidden)
+            self.conv2 = SAGEConv((-1, -1), out_channels)
+
+        def forward(self, x, edge_index):
+            return self.conv2(F.relu(self.conv1(x, edge_index)), edge_index)
+
+    torch.manual_seed(0)
+    part = load_partition(root, rank)
+    model = to_hetero(SAGE(32, 4), part.metadata(), aggr='sum')
+    loader = DistNeighborLoader(part, {e: [6, 4] for e in part.edge_types},
+                                input_nodes=(PAPER, part[PAPER].train_mask),
+                                batch_size=16, shuffle=True, seed=0,
+                                pad_batches=True)
+    optimizer = None
+    losses = []
+    for _ in range(epochs):
+        total = torch.zeros(2, dtype=torch.float64)
+        for batch in loader:
+            if optimizer is None:  # lazy shapes, then equal weights
+                with torch.no_grad():
+                    model(batch.x_dict, batch.edge_index_dict)
+                pyg_sar.sync_params(model)
+                optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+            bs = batch[PAPER].batch_size
+            optimizer.zero_grad()
+            out = model(batch.x_dict, batch.edge_index_dict)[PAPER][:bs]
+            loss = F.cross_entropy(out, batch[PAPER].y[:bs], reduction='sum')
+            (loss / comm.global_count(bs)).backward()
+            pyg_sar.all_reduce_grads(model)
+            optimizer.step()
+            total += torch.tensor([float(loss), bs], dtype=torch.float64)
+        comm.all_reduce(total, 'sum')
+        losses.append(float(total[0] / total[1]))
+    return losses
+
+
+def test_to_hetero_sage_trains_on_two_workers(tmp_path):
+    import torch_geometric.transforms as T
+    from pyg_sar.synthetic_hetero import synthetic_hetero_graph
+    data = synthetic_hetero_graph(400, num_features=16, num_classes=4,
+                                  seed=1)
+    data = T.ToUndirected()(data)  # every type receives messages
+    for t in data.node_types:
+        if 'x' not in data[t]:
+            data[t].x = torch.ones(data[t].num_nodes, 1)
+    root = str(tmp_path / 'synthetic2')
+    partition_graph(data, 2, root, progress=False)
+    losses = run_workers(_train, 2, root, 6, timeout_s=120)
+    assert losses[0] == losses[1]  # the same global loss on both ranks
+    assert losses[0][-1] < 0.7 * losses[0][0], losses[0]
