@@ -10,7 +10,8 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput
 
 from pyg_sar import datasets, load_partition, partition_graph
-from pyg_sar.loader import DistHeteroNeighborLoader, DistNeighborLoader
+from pyg_sar.loader import (DistHeteroNeighborLoader, DistLinkNeighborLoader,
+                            DistNeighborLoader)
 from tests._dist import run_workers
 from tests._hetero import AUTHOR, CITES, FIELD, HAS, OF, PAPER, WRITES, \
     WRITTEN, hard_hetero
@@ -349,6 +350,8 @@ def test_hetero_errors_are_clear(one_part):
     for kwargs, error, match in cases:
         with pytest.raises(error, match=match):
             DistNeighborLoader(part, [2], **kwargs)
+    with pytest.raises(ValueError, match='homogeneous graphs only'):
+        DistLinkNeighborLoader(part, [2])
     with pytest.raises(ValueError, match='misses edge types'):
         DistNeighborLoader(part, {CITES: [2]}, input_nodes=PAPER)
     with pytest.raises(ValueError, match="lacks"):

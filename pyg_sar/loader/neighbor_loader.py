@@ -129,13 +129,9 @@ class DistNeighborLoader:
     ``num_nodes`` global ids (8 bytes per node) that relabel a batch in
     O(batch) time, without sorting.
 
-    Heterogeneous graphs: given a
-    :class:`~pyg_sar.partition_hetero_load.HeteroPartition` (or PyG's
-    heterogeneous stores), the loader is a
-    :class:`pyg_sar.loader.hetero.DistHeteroNeighborLoader` yielding
-    :class:`~torch_geometric.data.HeteroData` batches; :obj:`num_neighbors`
-    may then be a per-edge-type dict and :obj:`input_nodes` is
-    ``(node_type, mask or ids)``.
+    A heterogeneous part (or PyG's heterogeneous stores) makes a
+    :class:`pyg_sar.loader.hetero.DistHeteroNeighborLoader`, which yields
+    :class:`~torch_geometric.data.HeteroData` batches.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> 'DistNeighborLoader':

@@ -112,7 +112,12 @@ def schema(attrs: Dict[str, Tensor]) -> List[Tuple[str, Tuple[int, ...],
 
 
 def to_shard(data: Any) -> Shard:
+    from pyg_sar.loader.hetero_shard import is_hetero
     from pyg_sar.partition import Partition
+    if is_hetero(data):
+        raise ValueError("this loader takes homogeneous graphs only (got a "
+                         "heterogeneous part); heterogeneous sampling is "
+                         "DistNeighborLoader's")
     if isinstance(data, Partition):
         return Shard.from_partition(data)
     if isinstance(data, (tuple, list)) and len(data) == 2:
