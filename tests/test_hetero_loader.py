@@ -131,6 +131,8 @@ def _checks(rank, world_size, root, data, fanouts, input_type):
                                     batch_size=5, shuffle=True, seed=3))
     assert len(again) == len(first)
     for a, b in zip(first, again):
+        _check_batch(b, data, ref, loader.num_neighbors, input_type,
+                     input_nodes)  # attributes read from PyG's stores
         for t in data.node_types:
             assert torch.equal(a[t].n_id, b[t].n_id)
         for e in data.edge_types:

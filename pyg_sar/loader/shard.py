@@ -44,8 +44,9 @@ class Shard:
         ``LocalGraphStore`` (as loaded by their ``from_partition`` from a
         pyg_sar partition)."""
         if graph_store.meta.get('is_hetero'):
-            raise ValueError('DistNeighborLoader supports homogeneous graphs '
-                             'only (the stores hold a heterogeneous one)')
+            raise ValueError('Shard reads homogeneous graphs only (the '
+                             'stores hold a heterogeneous one: see '
+                             'pyg_sar.loader.hetero_shard)')
         rank = int(graph_store.partition_idx)
         num_parts = int(graph_store.num_partitions)
         node_owner = graph_store.node_pb.to(torch.long)
