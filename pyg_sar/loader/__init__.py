@@ -2,11 +2,15 @@
 
 :class:`DistNeighborLoader` draws PyG ``NeighborLoader``-style batches from a
 partitioned graph with ``all_to_all`` exchanges per hop (no RPC, no pyg-lib),
+heterogeneous ones (:class:`DistHeteroNeighborLoader`, built by
+:class:`DistNeighborLoader` for a heterogeneous part) included,
 and :class:`DistLinkNeighborLoader` PyG ``LinkNeighborLoader``-style ones;
 :func:`sample_neighbors` is its vectorized single-process sampling kernel.
 """
+from pyg_sar.loader.hetero import DistHeteroNeighborLoader
 from pyg_sar.loader.link_loader import DistLinkNeighborLoader
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.sampler import sample_neighbors
 
-__all__ = ['DistNeighborLoader', 'DistLinkNeighborLoader', 'sample_neighbors']
+__all__ = ['DistNeighborLoader', 'DistHeteroNeighborLoader',
+           'DistLinkNeighborLoader', 'sample_neighbors']

@@ -128,7 +128,19 @@ class DistNeighborLoader:
     Memory: besides its part, every rank holds two ``int32`` maps over the
     ``num_nodes`` global ids (8 bytes per node) that relabel a batch in
     O(batch) time, without sorting.
+
+    A heterogeneous part (or PyG's heterogeneous stores) makes a
+    :class:`pyg_sar.loader.hetero.DistHeteroNeighborLoader`, which yields
+    :class:`~torch_geometric.data.HeteroData` batches.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> 'DistNeighborLoader':
+        if cls is DistNeighborLoader:
+            from pyg_sar.loader.hetero_shard import is_hetero
+            if is_hetero(args[0] if args else kwargs.get('data')):
+                from pyg_sar.loader.hetero import DistHeteroNeighborLoader
+                return super().__new__(DistHeteroNeighborLoader)
+        return super().__new__(cls)
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,
                  **kwargs: Any) -> None:
@@ -494,8 +506,8 @@ class DistNeighborLoader:
 def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
     if isinstance(num_neighbors, dict):
         raise ValueError("'num_neighbors' must be a list of ints (one fanout "
-                         "per hop); per-edge-type dictionaries need "
-                         "heterogeneous graphs, which are not supported")
+                         "per hop); per-edge-type dictionaries need a "
+                         "heterogeneous graph (this one is homogeneous)")
     if not isinstance(num_neighbors, (list, tuple)):
         raise TypeError(f"'num_neighbors' must be a list of ints, one fanout "
                         f"per hop (got {type(num_neighbors).__name__})")

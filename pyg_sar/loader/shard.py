@@ -44,8 +44,9 @@ class Shard:
         ``LocalGraphStore`` (as loaded by their ``from_partition`` from a
         pyg_sar partition)."""
         if graph_store.meta.get('is_hetero'):
-            raise ValueError('DistNeighborLoader supports homogeneous graphs '
-                             'only (the stores hold a heterogeneous one)')
+            raise ValueError('Shard reads homogeneous graphs only (the '
+                             'stores hold a heterogeneous one: see '
+                             'pyg_sar.loader.hetero_shard)')
         rank = int(graph_store.partition_idx)
         num_parts = int(graph_store.num_partitions)
         node_owner = graph_store.node_pb.to(torch.long)
@@ -112,7 +113,12 @@ def schema(attrs: Dict[str, Tensor]) -> List[Tuple[str, Tuple[int, ...],
 
 
 def to_shard(data: Any) -> Shard:
+    from pyg_sar.loader.hetero_shard import is_hetero
     from pyg_sar.partition import Partition
+    if is_hetero(data):
+        raise ValueError("this loader takes homogeneous graphs only (got a "
+                         "heterogeneous part); heterogeneous sampling is "
+                         "DistNeighborLoader's")
     if isinstance(data, Partition):
         return Shard.from_partition(data)
     if isinstance(data, (tuple, list)) and len(data) == 2:

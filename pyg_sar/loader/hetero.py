@@ -1,0 +1,429 @@
+"""Neighbor sampling of heterogeneous graphs on collectives.
+
+:class:`pyg_sar.loader.DistNeighborLoader` given a heterogeneous part (a
+:class:`pyg_sar.partition_hetero_load.HeteroPartition`, or PyG's
+heterogeneous stores loaded from a pyg_sar partition) builds a
+:class:`DistHeteroNeighborLoader`. Sampling follows PyG's heterogeneous
+semantics: the seeds are nodes of one type; at every hop, for every edge
+type ``(src, rel, dst)`` in the graph's order, each ``dst`` node that was new
+in the previous hop gets up to ``fanout[edge type][hop]`` in-edges of that
+type, and the sources not sampled before become the ``src`` nodes of this
+hop, in order of first appearance.
+
+One collective round per batch, as in the homogeneous loader: per hop one
+``all_to_all`` of the frontier of every edge type to its owners and one of
+their answers; then one exchange of all node and edge attributes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_sar import comm
+from pyg_sar.loader.batch_parts import (_INT32_MAX, _first_seen_absent,
+                                        _group_by_owner)
+from pyg_sar.loader.hetero_batch import hetero_batch
+from pyg_sar.loader.hetero_shard import EdgeType, HeteroShard, to_hetero_shard
+from pyg_sar.loader.neighbor_loader import (DistNeighborLoader,
+                                            _check_num_neighbors)
+from pyg_sar.loader.sampler import _ranges, sample_neighbors
+
+
+class DistHeteroNeighborLoader(DistNeighborLoader):
+    r"""Mini-batches of sampled neighborhoods of a partitioned heterogeneous
+    graph; built by :class:`~pyg_sar.loader.DistNeighborLoader` when
+    :obj:`data` is heterogeneous (same call, same collective rules:
+    every rank builds one with equal settings and iterates it to the end).
+
+    Every batch is a :class:`~torch_geometric.data.HeteroData` laid out like
+    the heterogeneous batches of
+    :class:`torch_geometric.loader.NeighborLoader`:
+
+    - per node type: every node attribute of the type (``x``, ``y``,
+      masks, ...) with rows in ``n_id`` order (``num_nodes`` for a type
+      without attributes); ``n_id``: the nodes' global ids in the
+      *partition's* per-type numbering (as the homogeneous loader's
+      ``n_id``; ``part[t].orig_ids`` / ``perm/<type>.pt`` map them to input
+      ids); ``num_sampled_nodes``: new nodes per hop, hop 0 being the seeds
+      (``batch_size`` for the input type, ``0`` for the others);
+    - per edge type: ``edge_index`` in batch-local ids of the source and
+      destination types, messages flowing from ``edge_index[0]`` to
+      ``edge_index[1]``; ``e_id``: the partition's per-type edge ids;
+      every edge attribute, rows in ``e_id`` order; ``num_sampled_edges``
+      per hop;
+    - on the input type: ``batch_size`` seeds, which come first in its
+      ``n_id``, and ``input_id``, their positions in :obj:`input_nodes`.
+
+    Args:
+        data (HeteroPartition or (LocalFeatureStore, LocalGraphStore)):
+            This rank's part.
+        num_neighbors (List[int] or Dict[EdgeType, List[int]]): Fanout per
+            hop, the same for every edge type, or per edge type (keys
+            ``(src, rel, dst)`` tuples or ``'src__rel__dst'`` strings; every
+            edge type needs one, all with the same number of hops; PyG's
+            ``NumNeighbors`` also works). ``-1`` takes all in-edges.
+        input_nodes (str or (str, Tensor)): The seeds' node type, alone
+            (every local node of it) or with a boolean mask over the type's
+            local nodes (e.g. ``part['paper'].train_mask``) or the type's
+            global ids owned by this rank, each at most once.
+        batch_size, shuffle, drop_last, replace, seed, transform,
+            pad_batches, device: As for the homogeneous loader.
+
+    ``subgraph_type`` other than ``'directional'``, ``disjoint``,
+    ``time_attr``/``input_time`` and ``weight_attr`` are refused for
+    heterogeneous graphs.
+
+    Memory: besides its part, every rank holds two ``int32`` maps over the
+    global ids of every node type (8 bytes per node).
+    """
+
+    def _setup(self, data: Any, num_neighbors: Any,
+               input_nodes: Any = None, batch_size: int = 1,
+               shuffle: bool = False, drop_last: bool = False,
+               replace: bool = False, seed: Optional[int] = None,
+               transform: Optional[Callable] = None,
+               pad_batches: bool = False,
+               subgraph_type: str = 'directional',
+               device: Optional[torch.device] = None,
+               weight_attr: Optional[str] = None,
+               disjoint: bool = False, time_attr: Optional[str] = None,
+               input_time: Optional[Tensor] = None,
+               temporal_strategy: str = 'uniform') -> None:
+        refused = [(subgraph_type != 'directional',
+                    f'subgraph_type={subgraph_type!r}'),
+                   (bool(disjoint), 'disjoint=True'),
+                   (time_attr is not None, f'time_attr={time_attr!r}'),
+                   (input_time is not None, 'input_time'),
+                   (weight_attr is not None, f'weight_attr={weight_attr!r}')]
+        for bad, name in refused:
+            if bad:
+                raise ValueError(f"DistNeighborLoader: {name} is not "
+                                 f"supported for heterogeneous graphs (only "
+                                 f"directional, non-disjoint, unweighted "
+                                 f"sampling)")
+        self.shard: HeteroShard = to_hetero_shard(data)
+        self.num_neighbors = _hetero_num_neighbors(num_neighbors,
+                                                   self.shard.edge_types)
+        self.num_hops = len(next(iter(self.num_neighbors.values()), []))
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+                or batch_size < 1:
+            raise ValueError(f"'batch_size' must be a positive int (got "
+                             f"{batch_size!r})")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"'transform' must be callable (got "
+                            f"{type(transform).__name__})")
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.replace = bool(replace)
+        self.transform = transform
+        self.pad_batches = bool(pad_batches)
+        self.subgraph_type = 'directional'
+        self.disjoint = False
+        self.time_attr = None
+        self.device = None if device is None else torch.device(device)
+        self.num_workers = 0
+        self.rank = self.shard.rank
+        self.world_size = self.shard.num_parts
+        self.input_type, self.input_nodes = self._resolve_hetero_input(
+            input_nodes)
+        num_seeds = self.input_nodes.numel()
+        self.num_batches = (num_seeds // batch_size if self.drop_last else
+                            math.ceil(num_seeds / batch_size))
+        if seed is None:
+            seed = int(torch.randint(2**62, (), dtype=torch.long))
+        self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.rank) % (2**63 - 1))
+        self.num_global_batches = self._agree_with_peers()
+        # Per node type: global id -> batch-local id (-1: absent), and the
+        # scratch map of `_first_seen_absent`.
+        self._local_index = {
+            t: torch.full((n.num_nodes, ), -1, dtype=torch.int32)
+            for t, n in self.shard.nodes.items()}
+        self._first_position = {
+            t: torch.full((n.num_nodes, ), _INT32_MAX, dtype=torch.int32)
+            for t, n in self.shard.nodes.items()}
+        self._epoch_running = False
+
+    def _resolve_hetero_input(self, input_nodes: Any) -> Tuple[str, Tensor]:
+        types = self.shard.node_types
+        if isinstance(input_nodes, str):
+            input_nodes = (input_nodes, None)
+        if not (isinstance(input_nodes, (tuple, list)) and
+                len(input_nodes) == 2 and isinstance(input_nodes[0], str)):
+            raise ValueError(f"'input_nodes' of a heterogeneous graph must be "
+                             f"a node type or a (node type, mask or ids) "
+                             f"pair, node type one of {types} (got "
+                             f"{type(input_nodes).__name__})")
+        node_type, nodes = input_nodes
+        if node_type not in self.shard.nodes:
+            raise ValueError(f"'input_nodes' names node type {node_type!r}, "
+                             f"which the graph lacks (node types: {types})")
+        shard = self.shard.nodes[node_type]
+        start, count = shard.node_start, shard.num_local_nodes
+        if nodes is None:
+            return node_type, torch.arange(start, start + count)
+        if isinstance(nodes, (list, tuple)):
+            nodes = torch.as_tensor(nodes, dtype=torch.long)
+        if not isinstance(nodes, Tensor) or nodes.dim() != 1:
+            raise TypeError(f"'input_nodes' of type {node_type!r} must be a "
+                            f"one-dimensional boolean mask over the local "
+                            f"{node_type!r} nodes or tensor of their global "
+                            f"ids (got {type(nodes).__name__})")
+        if nodes.dtype == torch.bool:
+            if nodes.numel() != count:
+                raise ValueError(
+                    f"'input_nodes' mask has length {nodes.numel()} but rank "
+                    f"{self.rank} owns {count} {node_type!r} nodes; pass a "
+                    f"mask over the local nodes (e.g. "
+                    f"part[{node_type!r}].train_mask)")
+            return node_type, nodes.nonzero().view(-1) + start
+        if nodes.is_floating_point() or nodes.is_complex():
+            raise TypeError(f"'input_nodes' must be a boolean mask or an "
+                            f"integer tensor of global ids (got "
+                            f"{nodes.dtype})")
+        ids = nodes.to(torch.long)
+        not_owned = (ids < start) | (ids >= start + count)
+        if bool(not_owned.any()):
+            raise ValueError(
+                f"'input_nodes' holds {int(not_owned.sum())} {node_type!r} "
+                f"ids not owned by rank {self.rank} (which owns {start}.."
+                f"{start + count - 1}), e.g. {int(ids[not_owned][0])}; pass "
+                f"every rank only its own nodes")
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("'input_nodes' holds duplicate ids; every seed "
+                             "must appear at most once per epoch")
+        return node_type, ids
+
+    def _agree_with_peers(self) -> int:
+        shard = self.shard
+        world_size, rank = comm.get_world_size(), comm.get_rank()
+        if world_size != shard.num_parts or rank != shard.rank:
+            raise ValueError(
+                f"rank {rank} of {world_size} was given part {shard.rank} of "
+                f"{shard.num_parts}; launch one worker per part and load "
+                f"part r on rank r")
+        config = (shard.fingerprint, shard.schema(),
+                  tuple((e, tuple(f)) for e, f in self.num_neighbors.items()),
+                  self.replace, self.pad_batches, self.input_type)
+        everyone = comm.all_gather_object((config, self.num_batches))
+        for other_rank, (other, _) in enumerate(everyone):
+            if other != config:
+                raise ValueError(
+                    f"rank {rank} and rank {other_rank} built "
+                    f"DistNeighborLoaders that disagree on partition, "
+                    f"attribute schema, num_neighbors, replace, pad_batches "
+                    f"or input node type: {config} vs {other}")
+        return max(num_batches for _, num_batches in everyone)
+
+    # One collective round ###################################################
+
+    def _sample_round(self, seeds: Tensor, input_id: Tensor):
+        shard, index = self.shard, self._local_index
+        input_type = self.input_type
+        n_id_parts: Dict[str, List[Tensor]] = {t: [] for t in
+                                               shard.node_types}
+        num_nodes = {t: 0 for t in shard.node_types}
+        n_id_parts[input_type].append(seeds)
+        index[input_type][seeds] = torch.arange(seeds.numel(),
+                                                dtype=torch.int32)
+        num_nodes[input_type] = seeds.numel()
+        num_sampled_nodes = {t: [num_nodes[t]] for t in shard.node_types}
+        num_sampled_edges: Dict[EdgeType, List[int]] = {
+            e: [] for e in shard.edge_types}
+        rows: Dict[EdgeType, List[Tensor]] = {e: [] for e in
+                                              shard.edge_types}
+        cols: Dict[EdgeType, List[Tensor]] = {e: [] for e in
+                                              shard.edge_types}
+        e_ids: Dict[EdgeType, List[Tensor]] = {e: [] for e in
+                                               shard.edge_types}
+        empty = seeds.new_empty(0)
+        frontier = {t: (seeds if t == input_type else empty)
+                    for t in shard.node_types}
+        try:
+            for hop in range(self.num_hops):
+                sampled = self._exchange_hop(frontier, hop)
+                new: Dict[str, List[Tensor]] = {t: [] for t in
+                                                shard.node_types}
+                for e in shard.edge_types:
+                    src, _, dst = e
+                    targets, sources, edge_ids = sampled[e]
+                    fresh = _first_seen_absent(sources, index[src],
+                                               self._first_position[src])
+                    index[src][fresh] = torch.arange(
+                        num_nodes[src], num_nodes[src] + fresh.numel(),
+                        dtype=torch.int32)
+                    num_nodes[src] += fresh.numel()
+                    n_id_parts[src].append(fresh)
+                    new[src].append(fresh)
+                    rows[e].append(index[src][sources].long())
+                    cols[e].append(index[dst][targets].long())
+                    e_ids[e].append(edge_ids)
+                    num_sampled_edges[e].append(edge_ids.numel())
+                for t in shard.node_types:
+                    frontier[t] = torch.cat(new[t]) if new[t] else empty
+                    num_sampled_nodes[t].append(frontier[t].numel())
+        finally:
+            for t, parts in n_id_parts.items():  # leave the maps clean
+                for ids in parts:
+                    index[t][ids] = -1
+        n_id = {t: torch.cat(p) if p else empty
+                for t, p in n_id_parts.items()}
+        edge_index = {e: torch.stack([torch.cat(rows[e]), torch.cat(cols[e])])
+                      if rows[e] else torch.empty(2, 0, dtype=torch.long)
+                      for e in shard.edge_types}
+        e_id = {e: torch.cat(e_ids[e]) if e_ids[e] else empty
+                for e in shard.edge_types}
+        return hetero_batch(self, n_id, edge_index, e_id, input_type,
+                            input_id, num_sampled_nodes, num_sampled_edges)
+
+    def _exchange_hop(self, frontier: Dict[str, Tensor], hop: int
+                      ) -> Dict[EdgeType, Tuple[Tensor, Tensor, Tensor]]:
+        """Sends the frontier of every edge type's destination type to its
+        owners, samples the requests this rank receives (one kernel call per
+        edge type) and returns, per edge type, ``(target, source, edge id)``
+        of the sampled edges, grouped by target in frontier order."""
+        shard, world_size, rank = self.shard, self.world_size, self.rank
+        empty = torch.empty(0, dtype=torch.long)
+        active = [e for e in shard.edge_types
+                  if self.num_neighbors[e][hop] != 0]
+        out = {e: (empty, empty, empty) for e in shard.edge_types}
+        if not active:
+            return out
+        groups = []
+        for e in active:
+            targets = frontier[e[2]]
+            order, counts = _group_by_owner(
+                shard.nodes[e[2]].owner(targets), world_size)
+            groups.append((targets[order], order, counts))
+        # One request per peer: [count of every edge type | ids, edge type
+        # by edge type].
+        received = comm.all_to_all_v([torch.cat(
+            [torch.tensor([c[q] for _, _, c in groups], dtype=torch.long)] +
+            [ids.split(c)[q] for ids, _, c in groups])
+            for q in range(world_size)])
+
+        # Serve: per edge type, every peer's requests in one kernel call.
+        replies: List[List[Tensor]] = [[] for _ in range(world_size)]
+        offsets = [len(active)] * world_size
+        for i, e in enumerate(active):
+            edges = shard.edges[e]
+            start = shard.nodes[e[2]].node_start
+            asked = []
+            for q in range(world_size):
+                count = int(received[q][i])
+                asked.append(received[q][offsets[q]:offsets[q] + count])
+                offsets[q] += count
+            counts, positions = sample_neighbors(
+                edges.csc_ptr, torch.cat(asked) - start,
+                self.num_neighbors[e][hop], self.replace, self.generator)
+            sources = edges.csc_src[positions]
+            edge_ids = edges.csc_eid[positions]
+            per_peer = counts.split([a.numel() for a in asked])
+            num_edges = [int(c.sum()) for c in per_peer]
+            for q, (c, s, d) in enumerate(zip(per_peer,
+                                              sources.split(num_edges),
+                                              edge_ids.split(num_edges))):
+                replies[q] += [c, s, d]
+        own = replies[rank]
+        answers = comm.all_to_all_v([
+            torch.cat(r) if q != rank else empty
+            for q, r in enumerate(replies)])
+
+        for i, e in enumerate(active):
+            requests, order, request_counts = groups[i]
+            counts, sources, edge_ids = [], [], []
+            for q in range(world_size):
+                if q == rank:
+                    c, s, d = own[3 * i:3 * i + 3]
+                else:  # [counts | sources | edge ids] per edge type
+                    c, s, d = _take(answers, q, request_counts[q])
+                counts.append(c)
+                sources.append(s)
+                edge_ids.append(d)
+            out[e] = _frontier_order(requests, order, torch.cat(counts),
+                                     torch.cat(sources), torch.cat(edge_ids))
+        return out
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(rank={self.rank}/'
+                f'{self.world_size}, num_neighbors={self.num_neighbors}, '
+                f'input_type={self.input_type!r}, '
+                f'num_seeds={self.input_nodes.numel()}, '
+                f'batch_size={self.batch_size}, '
+                f'num_batches={self.num_batches}, '
+                f'num_global_batches={self.num_global_batches})')
+
+
+def _take(answers: List[Tensor], q: int, num_requests: int
+          ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Reads the next ``[counts | sources | edge ids]`` block of peer
+    ``q``'s answer, and drops it from ``answers[q]``."""
+    answer = answers[q]
+    counts = answer[:num_requests]
+    num_edges = int(counts.sum())
+    end = num_requests + num_edges
+    sources, edge_ids = answer[num_requests:end], answer[end:end + num_edges]
+    answers[q] = answer[end + num_edges:]
+    return counts, sources, edge_ids
+
+
+def _frontier_order(requests: Tensor, order: Tensor, counts: Tensor,
+                    sources: Tensor, edge_ids: Tensor
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(target, source, edge id)`` of the answers (which come in owner
+    order: ``requests = frontier[order]``), moved to frontier order
+    (PyG's order) without a sort."""
+    targets = torch.repeat_interleave(requests, counts)
+    if bool((order[1:] >= order[:-1]).all()):  # already in frontier order
+        return targets, sources, edge_ids
+    in_frontier = torch.empty_like(counts)
+    in_frontier[order] = counts
+    slot_start = torch.cumsum(in_frontier, 0) - in_frontier
+    slots = _ranges(slot_start[order], counts)
+    out = [torch.empty_like(t) for t in (targets, sources, edge_ids)]
+    for dst, src in zip(out, (targets, sources, edge_ids)):
+        dst[slots] = src
+    return out[0], out[1], out[2]
+
+
+def _hetero_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
+                          ) -> Dict[EdgeType, List[int]]:
+    """The fanouts of every edge type, per hop, from a list (the same for
+    every edge type), a per-edge-type dict or PyG's ``NumNeighbors``."""
+    try:
+        from torch_geometric.sampler.base import NumNeighbors
+        if isinstance(num_neighbors, NumNeighbors):
+            num_neighbors = num_neighbors.get_values(edge_types)
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(num_neighbors, dict):
+        fanouts = _check_num_neighbors(num_neighbors)
+        return {e: list(fanouts) for e in edge_types}
+    names = {'__'.join(e): e for e in edge_types}
+    out: Dict[EdgeType, List[int]] = {}
+    for key, value in num_neighbors.items():
+        edge_type = tuple(key) if isinstance(key, (tuple, list)) else \
+            names.get(key)
+        if edge_type not in edge_types:
+            raise ValueError(f"'num_neighbors' names edge type {key!r}, "
+                             f"which the graph lacks (edge types: "
+                             f"{edge_types})")
+        try:
+            out[edge_type] = _check_num_neighbors(value)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"'num_neighbors[{key!r}]': {err}") from None
+    missing = [e for e in edge_types if e not in out]
+    if missing:
+        raise ValueError(f"'num_neighbors' misses edge types {missing}; give "
+                         f"a fanout list for every edge type (or one list "
+                         f"for all)")
+    hops = {len(v) for v in out.values()}
+    if len(hops) > 1:
+        raise ValueError(f"'num_neighbors' must give every edge type the "
+                         f"same number of hops (got {sorted(hops)})")
+    return {e: out[e] for e in edge_types}

@@ -1,0 +1,186 @@
+"""What the heterogeneous loader needs of one part (:class:`HeteroShard`):
+per node type the ownership and the node attributes, per edge type the local
+CSC and the edge attributes, read from a
+:class:`pyg_sar.partition_hetero_load.HeteroPartition` or from PyG's
+heterogeneous ``LocalFeatureStore``/``LocalGraphStore``.
+
+Ids are per type and those of the partition: part ``p`` owns the ids
+``node_ptr[t][p]`` to ``node_ptr[t][p + 1] - 1`` of node type ``t``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_sar.loader.shard import schema
+
+EdgeType = Tuple[str, str, str]
+
+
+class NodeShard:
+    """The local nodes of one type: ownership and attributes (rows in local
+    order)."""
+
+    def __init__(self, rank: int, node_ptr: Tensor,
+                 node_attrs: Dict[str, Tensor]) -> None:
+        self.node_ptr = node_ptr.to(torch.long)
+        self.num_nodes = int(self.node_ptr[-1])
+        self.node_start = int(self.node_ptr[rank])
+        self.num_local_nodes = int(self.node_ptr[rank + 1]) - self.node_start
+        self.node_attrs = node_attrs
+
+    def owner(self, ids: Tensor) -> Tensor:
+        """The part owning each id of this type."""
+        return torch.searchsorted(self.node_ptr, ids, right=True) - 1
+
+
+class EdgeShard:
+    """The in-edges of the local destination nodes of one edge type, CSC:
+    those of local destination ``v`` are positions
+    ``csc_ptr[v]:csc_ptr[v + 1]`` of ``csc_src`` (source ids) and
+    ``csc_eid`` (edge ids); edge attributes have rows in CSC order."""
+
+    def __init__(self, csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor,
+                 edge_attrs: Dict[str, Tensor]) -> None:
+        self.csc_ptr = csc_ptr.to(torch.long)
+        self.csc_src = csc_src.to(torch.long)
+        self.csc_eid = csc_eid.to(torch.long)
+        self.edge_attrs = edge_attrs
+        self._eid_sorted: Optional[Tuple[Tensor, Tensor]] = None
+
+    def edge_rows(self, edge_ids: Tensor) -> Tensor:
+        """CSC positions (edge-attribute rows) of local edge ids."""
+        if self._eid_sorted is None:
+            self._eid_sorted = torch.sort(self.csc_eid)
+        values, positions = self._eid_sorted
+        return positions[torch.searchsorted(values, edge_ids)]
+
+
+class HeteroShard:
+    """One heterogeneous part as the loader sees it: :attr:`nodes` (a
+    :class:`NodeShard` per node type) and :attr:`edges` (an
+    :class:`EdgeShard` per edge type), in the graph's type order."""
+
+    def __init__(self, rank: int, num_parts: int,
+                 nodes: Dict[str, NodeShard],
+                 edges: Dict[EdgeType, EdgeShard], fingerprint: str) -> None:
+        self.rank = rank
+        self.num_parts = num_parts
+        self.nodes = nodes
+        self.edges = edges
+        self.node_types: List[str] = list(nodes)
+        self.edge_types: List[EdgeType] = list(edges)
+        self.fingerprint = fingerprint
+
+    @classmethod
+    def from_partition(cls, part) -> 'HeteroShard':
+        rank = int(part.rank)
+        nodes = {t: NodeShard(rank, part[t].node_ptr,
+                              dict(part[t].node_attrs))
+                 for t in part.node_types}
+        edges = {e: EdgeShard(part[e].csc_ptr, part[e].csc_src,
+                              part[e].csc_eid, dict(part[e].edge_attrs))
+                 for e in part.edge_types}
+        return cls(rank, int(part.num_parts), nodes, edges,
+                   str(part.fingerprint))
+
+    @classmethod
+    def from_stores(cls, feature_store, graph_store) -> 'HeteroShard':
+        """Reads a part through PyG's heterogeneous ``LocalFeatureStore``
+        and ``LocalGraphStore`` (as loaded by their ``from_partition`` from
+        a pyg_sar partition)."""
+        rank = int(graph_store.partition_idx)
+        num_parts = int(graph_store.num_partitions)
+        meta = graph_store.meta
+        node_types = list(meta['node_types'])
+        edge_types = [tuple(e) for e in meta['edge_types']]
+        by_group: Dict[Any, List[str]] = {}
+        for attr in feature_store.get_all_tensor_attrs():
+            by_group.setdefault(attr.group_name, []).append(attr.attr_name)
+
+        nodes = {}
+        for t in node_types:
+            owner = graph_store.node_pb[t].to(torch.long)
+            if bool((owner[1:] < owner[:-1]).any()):
+                raise ValueError(
+                    f"the stores do not come from a pyg_sar partition: "
+                    f"nodes of type {t!r} are not owned in contiguous id "
+                    f"ranges (partition the graph with "
+                    f"pyg_sar.partition_graph)")
+            ptr = torch.zeros(num_parts + 1, dtype=torch.long)
+            ptr[1:] = torch.cumsum(
+                torch.bincount(owner, minlength=num_parts), 0)
+            start, end = int(ptr[rank]), int(ptr[rank + 1])
+            attrs = {}
+            if end > start:
+                ids = feature_store.get_global_id(group_name=t)
+                if not torch.equal(ids.to(torch.long),
+                                   torch.arange(start, end)):
+                    raise ValueError(f"feature store of part {rank} does "
+                                     f"not hold the {t!r} nodes "
+                                     f"{start}..{end - 1} in order")
+                for name in by_group.get(t, []):
+                    attrs[name] = feature_store.get_tensor(group_name=t,
+                                                           attr_name=name)
+            nodes[t] = NodeShard(rank, ptr, attrs)
+        edge_attrs = {a.edge_type: a for a in graph_store.get_all_edge_attrs()}
+        edges = {}
+        for e in edge_types:
+            dst = nodes[e[2]]
+            start = dst.node_start
+            count = dst.num_local_nodes
+            src_ids, dst_ids = graph_store.get_edge_index(edge_attrs[e])
+            eid = graph_store.get_edge_id(edge_attrs[e])
+            order = torch.argsort(dst_ids, stable=True)
+            csc_ptr = torch.zeros(count + 1, dtype=torch.long)
+            csc_ptr[1:] = torch.cumsum(torch.bincount(
+                dst_ids[order] - start, minlength=count), 0)
+            attrs = {}
+            for name in by_group.get(e, []):
+                attrs[name] = feature_store.get_tensor(
+                    group_name=e, attr_name=name)[order]
+            edges[e] = EdgeShard(csc_ptr, src_ids[order], eid[order], attrs)
+        fingerprint = 'stores:' + str(
+            {t: n.node_ptr.tolist() for t, n in nodes.items()})
+        return cls(rank, num_parts, nodes, edges, fingerprint)
+
+    def schema(self) -> Tuple:
+        """Types and attribute shapes, which every rank must share."""
+        return (tuple((t, tuple(schema(n.node_attrs)))
+                      for t, n in self.nodes.items()),
+                tuple((e, tuple(schema(s.edge_attrs)))
+                      for e, s in self.edges.items()))
+
+
+def is_hetero(data: Any) -> bool:
+    """Whether ``data`` is a heterogeneous part or a pair of PyG stores
+    holding one."""
+    if getattr(data, 'is_hetero', False) is True:
+        return True
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        for store in data:
+            meta = getattr(store, 'meta', None)
+            if isinstance(meta, dict) and meta.get('is_hetero'):
+                return True
+    return False
+
+
+def to_hetero_shard(data: Any) -> HeteroShard:
+    from pyg_sar.partition_hetero_load import HeteroPartition
+    if isinstance(data, HeteroPartition):
+        return HeteroShard.from_partition(data)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        from torch_geometric.distributed import (LocalFeatureStore,
+                                                 LocalGraphStore)
+        feature_store, graph_store = data
+        if isinstance(feature_store, LocalGraphStore) and isinstance(
+                graph_store, LocalFeatureStore):
+            feature_store, graph_store = graph_store, feature_store
+        if isinstance(feature_store, LocalFeatureStore) and isinstance(
+                graph_store, LocalGraphStore):
+            return HeteroShard.from_stores(feature_store, graph_store)
+    raise TypeError(f"'data' must be a pyg_sar HeteroPartition or a "
+                    f"(LocalFeatureStore, LocalGraphStore) pair (got "
+                    f"{type(data).__name__})")
