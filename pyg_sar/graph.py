@@ -124,6 +124,16 @@ def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
     return chunks
 
 
+def resolve_device(device) -> torch.device:
+    """``device`` with its index made explicit (``'cuda'`` is the current
+    GPU, ``cuda:N``), so that it compares equal to the device tensors
+    report."""
+    device = torch.device(device)
+    if device.type == 'cuda' and device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
+    return device
+
+
 def check_options(mode: str, chunk_size: Optional[int]) -> None:
     """Refuses an unknown ``mode`` or a ``chunk_size`` that is not a
     positive int (or ``None``)."""
@@ -282,7 +292,7 @@ class DistGraph:
         chunk CSRs) are dropped and rebuilt on the new device when next
         used; the transposed graph of ``flow='target_to_source'`` moves
         along. Local: no communication."""
-        device = torch.device(device)
+        device = resolve_device(device)
         if device == self.device:
             return self
 

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.graph import DistGraph, check_options, check_partition_set
+from pyg_sar.graph import (DistGraph, check_options, check_partition_set,
+                           resolve_device)
 
 EdgeType = Tuple[str, str, str]
 
@@ -165,7 +166,7 @@ class HeteroDistGraph(Mapping):
     def to(self, device) -> 'HeteroDistGraph':
         """Moves every relation's index tensors to ``device`` in place (see
         :meth:`DistGraph.to`) and returns the graph."""
-        device = torch.device(device)
+        device = resolve_device(device)
         self._merged = {}
         for g in self._relations.values():
             g.to(device)

@@ -147,6 +147,8 @@ def resolve_device(device: str = 'auto') -> torch.device:
                          f"'auto', 'cpu' or 'cuda[:N]')") from e
     if out.type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: CUDA is not available here")
+    if out.type == 'cuda' and out.index is None:
+        out = torch.device('cuda', torch.cuda.current_device())
     return out
 
 

@@ -72,3 +72,24 @@ def run_workers(fn: Callable, world_size: int, *args: Any,
         raise AssertionError('distributed worker failed:\n' +
                              '\n'.join(errors))
     return [p[1] for p in payloads]
+
+
+def test_device():
+    """Where the exactness tests put graphs, models and features:
+    ``PYG_SAR_TEST_DEVICE`` (e.g. ``cuda``; every rank on the same GPU,
+    exchanging through gloo), default CPU."""
+    import torch
+    return torch.device(os.environ.get('PYG_SAR_TEST_DEVICE', 'cpu'))
+
+
+def to_cpu(value):
+    """``value`` with every tensor inside moved to the CPU (results go back
+    to the parent, which compares on the CPU)."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value

@@ -278,3 +278,22 @@ def test_learnable_edge_weights_get_exact_gradients(graph_data, tmp_path):
     with pytest.raises(ValueError, match='learnable edge weights'):
         conv(part.x, pyg_sar.DistGraph(part),
              edge_weight=weight.clone().requires_grad_())
+
+
+def test_csr_matmul_with_more_entries_than_cells():
+    """Duplicate edges can give a chunk more entries than its dense block
+    has cells, which cuSPARSE refuses; the product must still be exact."""
+    from pyg_sar.nn.engine.sparse import csr_matmul
+    crow = torch.tensor([0, 4, 7])
+    col = torch.tensor([0, 0, 1, 2, 1, 1, 0])
+    values = torch.arange(1.0, 8.0)
+    dense = torch.randn(3, 5)
+    expected = torch.zeros(2, 5)
+    rows = [0, 0, 0, 0, 1, 1, 1]
+    for r, c, v in zip(rows, col.tolist(), values):
+        expected[r] += v * dense[c]
+    torch.testing.assert_close(csr_matmul(crow, col, values, (2, 3), dense),
+                               expected)
+    small = csr_matmul(crow[:2], col[:4], values[:4], (1, 4), dense.new_zeros(
+        4, 5) + 1)
+    torch.testing.assert_close(small, values[:4].sum().expand(1, 5))

@@ -18,7 +18,7 @@ from torch_geometric.nn import to_hetero
 from torch_geometric.transforms import ToUndirected
 
 import pyg_sar
-from _dist import run_workers
+from _dist import run_workers, test_device, to_cpu
 from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, WRITES, WRITTEN,
                      BlockHeteroPart, hard_hetero)
 
@@ -116,7 +116,8 @@ def _loss(out_dict, ids_dict):
     total = 0
     for t, out in out_dict.items():
         ids = ids_dict[t].to(out.dtype)
-        weight = (ids[:, None] * 37.0 + torch.arange(out.shape[1])).sin()
+        weight = (ids[:, None] * 37.0 +
+                  torch.arange(out.shape[1], device=ids.device)).sin()
         total = total + (out * weight).sum()
     return total
 
@@ -141,20 +142,22 @@ def _worker(rank, world_size, models, part_dir=None):
         part = BlockHeteroPart(data, rank, world_size, empty=empty)
     else:
         part = pyg_sar.load_partition(part_dir, rank)
-    x_dict = {t: part[t].x for t in part.node_types}
-    ids = {t: part[t].orig_ids for t in part.node_types}
+    device = test_device()
+    x_dict = {t: part[t].x.to(device) for t in part.node_types}
+    ids = {t: part[t].orig_ids.to(device) for t in part.node_types}
     results = {}
     for mode, chunk in RUNS:
-        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
+                                  device=device)
         assert isinstance(graph, pyg_sar.hetero_graph.HeteroDistGraph)
-        edge_attr = {CITES: part[CITES].edge_attr}
+        edge_attr = {CITES: part[CITES].edge_attr.to(device)}
         for name in models:
-            model = pyg_sar.nn.to_distributed(copy.deepcopy(_stock(name,
-                                                                   data)))
+            model = pyg_sar.nn.to_distributed(copy.deepcopy(_stock(
+                name, data))).to(device)
             attr = edge_attr if name.endswith('edge_attr') else None
-            results[(mode, chunk, name)] = _run(model, x_dict, graph, ids,
-                                                attr)
-    return ids, results
+            results[(mode, chunk, name)] = to_cpu(_run(model, x_dict, graph,
+                                                       ids, attr))
+    return to_cpu(ids), results
 
 
 def _reference(name):
@@ -298,16 +301,19 @@ def _dataset(name, root):
 def _dataset_worker(rank, world_size, name, root, part_dir):
     data = _dataset(name, root)
     part = pyg_sar.load_partition(part_dir, rank)
-    x_dict = part.x_dict
-    ids = {t: part[t].orig_ids for t in part.node_types}
+    device = test_device()
+    x_dict = {t: x.to(device) for t, x in part.x_dict.items()}
+    ids = {t: part[t].orig_ids.to(device) for t in part.node_types}
     results = {}
     for mode, chunk in DATASET_RUNS:
-        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
+                                  device=device)
         for model_name in DATASET_MODELS:
-            model = pyg_sar.nn.to_distributed(_stock(model_name, data))
-            results[(mode, chunk, model_name)] = _run(model, x_dict, graph,
-                                                      ids)
-    return ids, results
+            model = pyg_sar.nn.to_distributed(_stock(model_name,
+                                                     data)).to(device)
+            results[(mode, chunk, model_name)] = to_cpu(_run(
+                model, x_dict, graph, ids))
+    return to_cpu(ids), results
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,7 +11,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 import pyg_sar
-from _dist import run_workers
+from _dist import run_workers, test_device, to_cpu
 from _hetero import hard_hetero
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -67,7 +67,8 @@ def _run(model, x, graph, edge_type, ids):
     x = x.clone().requires_grad_()
     model.zero_grad()
     out = model(x, graph, edge_type)
-    w = (ids[:, None].double() * 37.0 + torch.arange(out.shape[1])).sin()
+    w = (ids[:, None].double() * 37.0 +
+         torch.arange(out.shape[1], device=ids.device)).sin()
     (out * w.to(out.dtype)).sum().backward()
     grad = x.grad if x.grad is not None else torch.zeros_like(x)
     return out.detach(), grad, {n: p.grad.clone() for n, p in
@@ -78,14 +79,18 @@ def _run(model, x, graph, edge_type, ids):
 def _worker(rank, world_size, part_dir):
     data = _homogeneous()
     part = pyg_sar.load_partition(part_dir, rank)
+    device = test_device()
+    x, edge_type, ids = (t.to(device) for t in (part.x, part.edge_type,
+                                                 part.orig_ids))
     out = {}
     for mode, chunk in RUNS:
-        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
+                                  device=device)
         for config in CONFIGS:
-            model = pyg_sar.nn.to_distributed(copy.deepcopy(_stock(config,
-                                                                   data)))
-            out[(mode, chunk, config)] = _run(model, part.x, graph,
-                                              part.edge_type, part.orig_ids)
+            model = pyg_sar.nn.to_distributed(copy.deepcopy(_stock(
+                config, data))).to(device)
+            out[(mode, chunk, config)] = to_cpu(_run(model, x, graph,
+                                                     edge_type, ids))
     return part.orig_ids, out
 
 

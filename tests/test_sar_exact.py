@@ -16,7 +16,7 @@ from torch_geometric.nn import MessagePassing
 import pyg_sar
 from pyg_sar import datasets
 from pyg_sar.nn import DistMessagePassing
-from _dist import run_workers
+from _dist import run_workers, test_device, to_cpu
 
 RTOL, ATOL = 1e-4, 1e-5
 MODES = ('sar', 'sa', 'one_shot')
@@ -218,23 +218,37 @@ def partition(data, world_size: int, out_dir: str) -> str:
 
 # Worker #######################################################################
 
+class _OnDevice:
+    """The partition's attributes, on the test device."""
+
+    def __init__(self, part, device) -> None:
+        self.part, self.device = part, device
+
+    def __getattr__(self, name):
+        return getattr(self.part, name).to(self.device)
+
+
 def _worker(rank, world_size, roots, curve_epochs):
     results = {}
     for name, root in roots.items():
         part = pyg_sar.load_partition(root, rank)
-        x = part.x.float()
-        weights = probe(int(part.num_nodes), 6)[part.orig_ids]
+        device = test_device()
+        x = part.x.float().to(device)
+        weights = probe(int(part.num_nodes), 6)[part.orig_ids].to(device)
+        on_device = _OnDevice(part, device)
         for mode in MODES:
             for chunk in (None, CHUNKS[name]):
-                graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+                graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
+                                          device=device)
                 for kind in kinds_for(part):
-                    conv = build_conv(kind, x.shape[1], distributed=True)
+                    conv = build_conv(kind, x.shape[1],
+                                      distributed=True).to(device)
                     x_in = x.clone().requires_grad_()
-                    out = run_conv(kind, conv, x_in, graph, part)
+                    out = run_conv(kind, conv, x_in, graph, on_device)
                     (out * weights).sum().backward()
-                    results[(name, mode, chunk, kind)] = (
+                    results[(name, mode, chunk, kind)] = to_cpu((
                         out.detach(), x_in.grad,
-                        {n: p.grad for n, p in conv.named_parameters()})
+                        {n: p.grad for n, p in conv.named_parameters()}))
         results[(name, 'ids')] = part.orig_ids
     if 'synthetic' in roots:
         part = pyg_sar.load_partition(roots['synthetic'], rank)

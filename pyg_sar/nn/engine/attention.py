@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar.graph import EdgeChunk
+from pyg_sar.nn.engine.sparse import csr_matmul
 
 # PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
 _SOFTMAX_EPS = 1e-16
@@ -89,9 +90,8 @@ class AttentionMixin:
         crow, col = chunk.csr()
         shape = (chunk.row_end - chunk.row_start, heads.shape[1])
         for h in range(heads.shape[0]):
-            adj = torch.sparse_csr_tensor(crow, col, weight[:, h].contiguous(),
-                                          shape)
-            part[:, h] += adj @ heads[h]
+            part[:, h] += csr_matmul(crow, col, weight[:, h].contiguous(),
+                                     shape, heads[h])
 
     def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
         """Attention dropout, replayable: the mask of a chunk depends only on
@@ -130,13 +130,15 @@ class AttentionMixin:
         g_heads = grad_out[lo:hi].transpose(0, 1)  # head-major view
         crow, col = chunk.csr()
         crow_t, col_t, perm = chunk.csr_transposed(num_src)
-        pattern = torch.sparse_csr_tensor(
-            crow, col, score.new_zeros(chunk.num_edges), (hi - lo, num_src))
         dot = torch.empty_like(prob)
-        # torch's sampled_addmm fails on patterns with more entries than
-        # the dense block has cells (duplicate edges in a small chunk):
-        # gather those per edge instead.
+        # sampled_addmm fails on patterns with more entries than the dense
+        # block has cells (duplicate edges in a small chunk): gather those
+        # per edge instead.
         dense_ok = chunk.num_edges <= (hi - lo) * num_src
+        if dense_ok:
+            pattern = torch.sparse_csr_tensor(
+                crow, col, score.new_zeros(chunk.num_edges),
+                (hi - lo, num_src))
         for h in range(heads.shape[0]):
             if dense_ok:
                 dot[:, h] = torch.sparse.sampled_addmm(
@@ -145,10 +147,9 @@ class AttentionMixin:
                 dot[:, h] = (g_heads[h].index_select(0, chunk.dst - lo) *
                              heads[h].index_select(0, chunk.src)).sum(-1)
             if value_grad is not None:
-                adj_t = torch.sparse_csr_tensor(
+                value_grad[:, h] += csr_matmul(
                     crow_t, col_t, weighted[perm, h].contiguous(),
-                    (num_src, hi - lo))
-                value_grad[:, h] += adj_t @ g_heads[h]
+                    (num_src, hi - lo), g_heads[h])
         grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
         return (grad_score, )
 

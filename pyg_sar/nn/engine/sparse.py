@@ -17,6 +17,23 @@ warnings.filterwarnings('ignore', '.*Sparse CSR tensor support is in beta.*')
 warnings.filterwarnings('ignore', '.*Sparse invariant checks are implicitly.*')
 
 
+def csr_matmul(crow: Tensor, col: Tensor, values: Tensor, shape,
+               dense: Tensor) -> Tensor:
+    """``(CSR matrix) @ dense``. A pattern with more entries than the matrix
+    has cells (duplicate edges in a small chunk) is refused by cuSPARSE and
+    some CPU kernels; such chunks are tiny, and are summed by ``index_add``
+    instead."""
+    rows, cols = shape
+    if col.numel() <= rows * cols:
+        return torch.sparse_csr_tensor(crow, col, values, shape) @ dense
+    row = torch.repeat_interleave(torch.arange(rows, device=col.device),
+                                  crow[1:] - crow[:-1],
+                                  output_size=col.numel())
+    out = dense.new_zeros((rows, *dense.shape[1:]))
+    return out.index_add_(0, row, values.unsqueeze(-1) *
+                          dense.index_select(0, col))
+
+
 class SparseMixin:
     """Owns the runner's ``spmm`` kind: the edge weights of a chunk
     (``_spmm_values``), its forward and its block gradient."""
@@ -42,10 +59,10 @@ class SparseMixin:
                 if chunk.num_edges == 0:
                     continue
                 crow, col = chunk.csr()
-                adj = torch.sparse_csr_tensor(
+                prod = csr_matmul(
                     crow, col, self._spmm_values(chunk, x),
-                    (chunk.row_end - chunk.row_start, block.num_src))
-                out[chunk.row_start:chunk.row_end] += (adj @ flat).view(
+                    (chunk.row_end - chunk.row_start, block.num_src), flat)
+                out[chunk.row_start:chunk.row_end] += prod.view(
                     -1, *x.shape[1:])
         if self.plan.aggr == 'mean':
             out = out / _per_row(g.in_degree.clamp(min=1), out)
@@ -62,10 +79,10 @@ class SparseMixin:
                 if chunk.num_edges == 0:
                     continue
                 crow, col, perm = chunk.csr_transposed(block.num_src)
-                adj_t = torch.sparse_csr_tensor(
+                acc += csr_matmul(
                     crow, col, self._spmm_values(chunk, flat_g, perm),
-                    (block.num_src, chunk.row_end - chunk.row_start))
-                acc += adj_t @ flat_g[chunk.row_start:chunk.row_end]
+                    (block.num_src, chunk.row_end - chunk.row_start),
+                    flat_g[chunk.row_start:chunk.row_end])
             return [acc.view(block.num_src, *trailing)]
 
         return block_grad

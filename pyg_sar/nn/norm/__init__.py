@@ -6,6 +6,7 @@ statistics are summed over ranks with :func:`pyg_sar.comm.global_sum`, so
 forward *and* backward are collectives in training mode (and, without
 running statistics, in eval mode too).
 """
+import inspect
 import itertools
 from typing import Callable, Dict
 
@@ -50,10 +51,16 @@ def _batch_norm(m: pyg_nn.BatchNorm) -> BatchNorm:
                               bn.track_running_stats, m.allow_single_element))
 
 
+# torch < 2.12 has no ``bias`` argument (and always learns a bias with
+# ``affine``).
+_BN_HAS_BIAS = 'bias' in inspect.signature(torch.nn.BatchNorm1d).parameters
+
+
 def _batch_norm_1d(m: torch.nn.BatchNorm1d) -> BatchNorm1d:
+    bias = ({'bias': m.bias is not None or not m.affine} if _BN_HAS_BIAS
+            else {})
     return _twin(m, BatchNorm1d(m.num_features, m.eps, m.momentum, m.affine,
-                                m.track_running_stats,
-                                bias=m.bias is not None or not m.affine))
+                                m.track_running_stats, **bias))
 
 
 def _instance_norm(m: pyg_nn.InstanceNorm) -> InstanceNorm:
