@@ -235,8 +235,10 @@ def _free_port() -> int:
 
 def _launch(script_args: List[str], world_size: int, out_dir: str,
             timeout_s: float,
-            mmap_threshold: Optional[int] = None) -> List[dict]:
-    """Runs ``world_size`` fresh worker processes, returns their results."""
+            mmap_threshold: Optional[int] = None,
+            script: Optional[str] = None) -> List[dict]:
+    """Runs ``world_size`` fresh worker processes of ``script`` (default:
+    this file) with ``--worker``, returns their results."""
     port = _free_port()
     procs, paths = [], []
     for rank in range(world_size):
@@ -260,7 +262,7 @@ def _launch(script_args: List[str], world_size: int, out_dir: str,
             os.remove(path)
         paths.append(path)
         procs.append(subprocess.Popen(
-            [sys.executable, osp.abspath(__file__), '--worker',
+            [sys.executable, script or osp.abspath(__file__), '--worker',
              '--result', path, *script_args], env=env))
     deadline = time.time() + timeout_s
     failed = False
