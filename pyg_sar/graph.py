@@ -55,14 +55,24 @@ class EdgeChunk:
 
     def csr_transposed(self, num_src: int) -> Tuple[Tensor, Tensor, Tensor]:
         """``(crow, col, perm)`` of the transposed chunk: rows are sources,
-        columns destination rows; ``perm`` orders edge values accordingly."""
+        columns destination rows; ``perm`` orders edge values accordingly.
+        Kept for the backward of every epoch, so stored as int32 where the
+        edge and row counts fit (8 bytes per edge instead of 16)."""
         if self._csr_t is None:
+            dtype = _index_dtype(max(self.num_edges, num_src,
+                                     self.row_end - self.row_start))
             perm = torch.argsort(self.src, stable=True)
-            crow = torch.zeros(num_src + 1, dtype=torch.long,
+            crow = torch.zeros(num_src + 1, dtype=dtype,
                                device=self.src.device)
             crow[1:] = torch.bincount(self.src, minlength=num_src).cumsum(0)
-            self._csr_t = (crow, self.dst[perm] - self.row_start, perm)
+            col = (self.dst[perm] - self.row_start).to(dtype)
+            self._csr_t = (crow, col, perm.to(dtype))
         return self._csr_t
+
+
+def _index_dtype(largest: int) -> torch.dtype:
+    """int32 for index tensors whose values (and lengths) fit in it."""
+    return torch.int32 if largest < 2**31 - 1 else torch.long
 
 
 class EdgeBlock:
@@ -166,6 +176,8 @@ class DistGraph:
                                        or chunk_size < 1):
             raise ValueError(f"chunk_size must be a positive int or None "
                              f"(got {chunk_size!r})")
+        from pyg_sar._malloc import configure_allocator
+        configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
         self.mode = mode
         self.chunk_size = chunk_size
         self.rank = int(part.rank)

@@ -45,26 +45,56 @@ class SparseMixin:
                 adj = torch.sparse_csr_tensor(
                     crow, col, self._spmm_values(chunk, x),
                     (chunk.row_end - chunk.row_start, block.num_src))
-                out[chunk.row_start:chunk.row_end] += (adj @ flat).view(
-                    -1, *x.shape[1:])
+                _spmm_into(out[chunk.row_start:chunk.row_end].view(
+                    chunk.row_end - chunk.row_start, -1), adj, flat)
         if self.plan.aggr == 'mean':
-            out = out / _per_row(g.in_degree.clamp(min=1), out)
+            out.div_(_per_row(g.in_degree.clamp(min=1), out))
         return out
 
     def _spmm_block_grad(self, grad_out: Tensor):
         flat_g = grad_out.reshape(grad_out.shape[0], -1)
         trailing = self.source_meta[0][0]
+        # mean: A^T (g / deg) with 1 / deg folded into the edge values, so
+        # no scaled copy of the node-sized gradient is made.
+        inv_deg = (1.0 / self.graph.in_degree.clamp(min=1).to(flat_g.dtype)
+                   if self.plan.aggr == 'mean' else None)
 
         def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
-            acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
+            acc = None  # the first chunk's product, not zeros plus it
             for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
                 crow, col, perm = chunk.csr_transposed(block.num_src)
+                values = self._spmm_values(chunk, flat_g, perm)
+                if inv_deg is not None:
+                    values = values * inv_deg[
+                        chunk.row_start:chunk.row_end][col]
                 adj_t = torch.sparse_csr_tensor(
-                    crow, col, self._spmm_values(chunk, flat_g, perm),
+                    crow, col, values,
                     (block.num_src, chunk.row_end - chunk.row_start))
-                acc += adj_t @ flat_g[chunk.row_start:chunk.row_end]
+                rows = flat_g[chunk.row_start:chunk.row_end]
+                if acc is None:
+                    acc = flat_g.new_empty((block.num_src, flat_g.shape[1]))
+                    _spmm_into(acc, adj_t, rows, accumulate=False)
+                else:
+                    _spmm_into(acc, adj_t, rows)
+            if acc is None:
+                acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
             return [acc.view(block.num_src, *trailing)]
 
         return block_grad
+
+
+def _spmm_into(out: Tensor, adj: Tensor, dense: Tensor,
+               accumulate: bool = True) -> None:
+    """``out (+)= adj @ dense`` written into ``out`` (a contiguous row
+    range). ``adj @ dense`` on CPU CSR builds its result in a temporary of
+    the output's size and copies it, twice the output at the peak; addmm
+    with ``out=`` writes in place, with the same values."""
+    if out.is_contiguous():
+        torch.addmm(out, adj, dense, beta=1.0 if accumulate else 0.0,
+                    out=out)
+    elif accumulate:
+        out += adj @ dense
+    else:
+        out.copy_(adj @ dense)

@@ -1,0 +1,69 @@
+"""The C allocator settings of a training worker (glibc ``mallopt``).
+
+PyTorch's CPU tensors come straight from ``malloc``. glibc serves blocks
+above its mmap threshold with ``mmap`` (returned to the OS on ``free``) and
+smaller ones from heap arenas, whose freed pages stay resident until the top
+of the heap is trimmed. The threshold is dynamic by default: after the first
+free of an mmap'ed block of size s (up to 32 MiB), blocks up to s come from
+the heap for the rest of the process. A full-batch epoch frees and
+reallocates many node- and edge-sized temporaries of a few MiB to tens of
+MiB, so with the dynamic threshold the resident set grows to the largest
+set of such blocks ever alive plus the holes between them, instead of
+tracking the live tensors.
+
+:func:`configure_allocator` fixes the threshold (1 MiB), which also turns
+off the dynamic adjustment, and caps the heap arenas at the number of
+threads a worker actually runs. :class:`pyg_sar.DistGraph` and
+:func:`pyg_sar.init_distributed` call it once per process, so no environment
+variable (``MALLOC_MMAP_THRESHOLD_``) is needed. A process that set any
+``MALLOC_*`` variable itself keeps its own choice; so does
+``PYG_SAR_MALLOC=default``. Elsewhere than glibc it does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from typing import Optional
+
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+_configured: Optional[bool] = None
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+        return libc if hasattr(libc, 'mallopt') else None
+    except OSError:
+        return None
+
+
+def limit_heap_retention(threshold_bytes: int = 1 << 20) -> bool:
+    """Fixes glibc's mmap threshold at ``threshold_bytes``, so that freed
+    blocks above it go back to the OS at once. Returns False where the C
+    library is not glibc."""
+    libc = _libc()
+    return bool(libc and libc.mallopt(_M_MMAP_THRESHOLD,
+                                      int(threshold_bytes)))
+
+
+def configure_allocator() -> bool:
+    """Applies the worker's allocator settings once per process (see the
+    module docstring); returns whether they are in effect."""
+    global _configured
+    if _configured is not None:
+        return _configured
+    _configured = False
+    if os.environ.get('PYG_SAR_MALLOC', '').lower() == 'default' or any(
+            key.startswith('MALLOC_') for key in os.environ):
+        return _configured
+    libc = _libc()
+    if libc is None:
+        return _configured
+    _configured = bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20))
+    # Arenas beyond the threads in use only add holes (4 covers the
+    # intra-op pool of a worker on a few cores and the comm threads).
+    libc.mallopt(_M_ARENA_MAX, 4)
+    return _configured
