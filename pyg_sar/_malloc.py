@@ -11,13 +11,19 @@ MiB, so with the dynamic threshold the resident set grows to the largest
 set of such blocks ever alive plus the holes between them, instead of
 tracking the live tensors.
 
-:func:`configure_allocator` fixes the threshold (1 MiB), which also turns
-off the dynamic adjustment, and caps the heap arenas at the number of
-threads a worker actually runs. :class:`pyg_sar.DistGraph` and
+:func:`configure_allocator` fixes the threshold at 4 MiB, which also turns
+off the dynamic adjustment: node- and edge-sized temporaries (tens of MiB
+and more) then go back to the OS when freed, while the engine's per-chunk
+temporaries (about 1 MiB each within the default 16 MiB
+``edge_memory_budget``) are still reused from the heap. A 1 MiB threshold
+would map and fault in every chunk temporary anew, which costs time. It
+also caps the heap arenas at 4. :class:`pyg_sar.DistGraph` and
 :func:`pyg_sar.init_distributed` call it once per process, so no environment
-variable (``MALLOC_MMAP_THRESHOLD_``) is needed. A process that set any
-``MALLOC_*`` variable itself keeps its own choice; so does
-``PYG_SAR_MALLOC=default``. Elsewhere than glibc it does nothing.
+variable (``MALLOC_MMAP_THRESHOLD_``) is needed; the DistGraph also returns
+its set-up temporaries to the OS (:func:`release_free_memory`). A process
+that set any ``MALLOC_*`` variable keeps its own choice;
+``PYG_SAR_MALLOC=default`` keeps glibc's, ``PYG_SAR_MALLOC=<bytes>`` sets
+another threshold. Elsewhere than glibc it does nothing.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 _configured: Optional[bool] = None
+MMAP_THRESHOLD = 4 << 20
 
 
 def _libc():
@@ -62,8 +69,21 @@ def configure_allocator() -> bool:
     libc = _libc()
     if libc is None:
         return _configured
-    _configured = bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20))
+    setting = os.environ.get('PYG_SAR_MALLOC', '')
+    threshold = int(setting) if setting.isdigit() else MMAP_THRESHOLD
+    _configured = True
+    if threshold:
+        _configured = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
     # Arenas beyond the threads in use only add holes (4 covers the
     # intra-op pool of a worker on a few cores and the comm threads).
     libc.mallopt(_M_ARENA_MAX, 4)
     return _configured
+
+
+def release_free_memory() -> bool:
+    """Returns the free pages of every heap arena to the OS
+    (``malloc_trim(0)``), e.g. the temporaries of a set-up step."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, 'malloc_trim'):
+        return False
+    return bool(libc.malloc_trim(0))

@@ -192,6 +192,8 @@ class DistGraph:
                     part.csc_eid)
         if device is not None:
             self.to(device)
+        from pyg_sar._malloc import release_free_memory
+        release_free_memory()  # the set-up's temporaries, back to the OS
 
     def _setup(self, node_ptr: Tensor, num_nodes: int, num_global_nodes: int,
                csc_ptr: Tensor, csc_src: Tensor, edge_ids: Tensor) -> None:

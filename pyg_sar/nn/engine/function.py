@@ -116,6 +116,10 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             per_edge = int(2 * live_copies * row_bytes(gathered) +
                            live_copies * row_bytes(values) * rows_per_edge) + 1
         limit = max(1024, comm.config().edge_memory_budget // per_edge)
+        # A power of two: layers of similar widths then cut blocks alike and
+        # share one set of cached chunk CSRs (EdgeBlock.chunked) instead of
+        # keeping a set each.
+        limit = 1 << (int(limit).bit_length() - 1)
         chunk_size = self.graph.chunk_size
         return limit if chunk_size is None else min(limit, chunk_size)
 
