@@ -198,7 +198,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         raise ValueError(f"save_model {save_model!r}: directory "
                          f"{osp.dirname(osp.abspath(save_model))!r} does "
                          f"not exist")
-    limit_heap_retention()
+    from pyg_sar._malloc import configure_allocator
+    configure_allocator()  # the library's allocator policy (_malloc.py)
     say = _StartupLog(progress)
     say(f"joining the process group "
         f"({os.environ.get('WORLD_SIZE', '1')} workers)")
