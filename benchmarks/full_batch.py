@@ -153,6 +153,8 @@ def _user_parts(part_dir: str) -> dict:
 
 def run_all(args: argparse.Namespace, work: str) -> List[dict]:
     counts = [1, 2] if args.quick else [1, 2, 4]
+    if args.workers:
+        counts = [int(n) for n in args.workers.split(',')]
     codes = [REPO] + ([osp.abspath(args.compare)] if args.compare else [])
     rows = []
     for model in args.models.split(','):
@@ -174,6 +176,8 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
             configs.append(('stock PyG', 1, REPO,
                             ['--impl', 'pyg', '--data', graph['data']]))
         for n, path in sorted(graph['parts'].items()):
+            if not args.part_dir and n not in counts:
+                continue
             for code in reversed(codes):  # baseline first, then this tree
                 name = 'pyg_sar' if code == REPO else 'pyg_sar (compare)'
                 configs.append((name, n, code,
@@ -365,7 +369,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--parts', help=argparse.SUPPRESS)
     parser.add_argument('--result', help=argparse.SUPPRESS)
     parser.add_argument('--num-nodes', type=int, help=argparse.SUPPRESS)
-    parser.add_argument('--workers', help=argparse.SUPPRESS)
+    parser.add_argument('--workers', default=None,
+                        help='worker counts, e.g. 1,4 (default 1,2,4)')
     return parser.parse_args(argv)
 
 

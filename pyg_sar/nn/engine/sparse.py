@@ -41,6 +41,11 @@ class SparseMixin:
             for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
+                if self.any_src_grad:
+                    # Build (once) the transposed CSR the backward reuses
+                    # now, while few activations are alive, not at the
+                    # backward's peak.
+                    chunk.csr_transposed(block.num_src)
                 crow, col = chunk.csr()
                 adj = torch.sparse_csr_tensor(
                     crow, col, self._spmm_values(chunk, x),
