@@ -11,14 +11,13 @@ MiB, so with the dynamic threshold the resident set grows to the largest
 set of such blocks ever alive plus the holes between them, instead of
 tracking the live tensors.
 
-:func:`configure_allocator` fixes the threshold at 16 MiB, which also
-turns off the dynamic adjustment: node- and edge-sized temporaries above it
-go back to the OS when freed, while the engine's per-chunk temporaries
-(GAT's per-head products over a block's sources: about 13 MiB at 100k
-nodes) are still reused from the heap. Measured (issue #11, GAT at 100k
-nodes, N=1): a 4 MiB threshold saved 40 MiB more but doubled the epoch
-(10.7 s instead of 5.6 s: every chunk temporary mapped and faulted in
-anew); glibc's default kept 756 MiB instead of 672. It also caps the
+:func:`configure_allocator` fixes the threshold at 4 MiB, which also
+turns off the dynamic adjustment: node- and edge-sized temporaries then go
+back to the OS when freed, while small per-chunk temporaries are reused
+from the heap. Per-chunk buffers above it must be reused by the engine
+(e.g. the attention path's per-head scratch buffer), or each one is mapped
+and faulted in anew: before that reuse, GAT's epoch at 100k nodes took
+10.7 s under this threshold instead of 5.6 s (issue #11). It also caps the
 heap arenas at 4. :class:`pyg_sar.DistGraph` and
 :func:`pyg_sar.init_distributed` call it once per process, so no environment
 variable (``MALLOC_MMAP_THRESHOLD_``) is needed; the DistGraph also returns
@@ -38,7 +37,7 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 _configured: Optional[bool] = None
-MMAP_THRESHOLD = 16 << 20
+MMAP_THRESHOLD = 4 << 20
 
 
 def _libc():
