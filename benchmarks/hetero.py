@@ -24,7 +24,7 @@ loss of every N must equal stock PyG's to 1e-4 (relative), otherwise the
 script exits with status 1 after writing its results.
 
 Every configuration runs in fresh processes (gloo on 127.0.0.1, launched by
-``full_batch._launch``). Per worker it measures, as ``full_batch.py`` does,
+``full_batch_legacy._launch``). Per worker it measures, as ``full_batch.py`` does,
   * the peak-RSS delta of one training epoch (forward + backward + step):
     ``ru_maxrss`` after the first epoch minus ``ru_maxrss`` right before it,
     and the epoch's ``VmHWM`` over the RSS before it (where the kernel lets
@@ -58,7 +58,7 @@ from typing import Dict, List
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-import full_batch as fb  # noqa: E402  (torch-free at import: driver stays small)
+import full_batch_legacy as fb  # noqa: E402  (torch-free at import: driver stays small)
 
 LABELLED = 'paper'
 LOSS_RTOL = 1e-4

@@ -55,14 +55,24 @@ class EdgeChunk:
 
     def csr_transposed(self, num_src: int) -> Tuple[Tensor, Tensor, Tensor]:
         """``(crow, col, perm)`` of the transposed chunk: rows are sources,
-        columns destination rows; ``perm`` orders edge values accordingly."""
+        columns destination rows; ``perm`` orders edge values accordingly.
+        Kept for the backward of every epoch, so stored as int32 where the
+        edge and row counts fit (8 bytes per edge instead of 16)."""
         if self._csr_t is None:
+            dtype = _index_dtype(max(self.num_edges, num_src,
+                                     self.row_end - self.row_start))
             perm = torch.argsort(self.src, stable=True)
-            crow = torch.zeros(num_src + 1, dtype=torch.long,
+            crow = torch.zeros(num_src + 1, dtype=dtype,
                                device=self.src.device)
             crow[1:] = torch.bincount(self.src, minlength=num_src).cumsum(0)
-            self._csr_t = (crow, self.dst[perm] - self.row_start, perm)
+            col = (self.dst[perm] - self.row_start).to(dtype)
+            self._csr_t = (crow, col, perm.to(dtype))
         return self._csr_t
+
+
+def _index_dtype(largest: int) -> torch.dtype:
+    """int32 for index tensors whose values (and lengths) fit in it."""
+    return torch.int32 if largest < 2**31 - 1 else torch.long
 
 
 class EdgeBlock:
@@ -207,6 +217,8 @@ class DistGraph:
                  chunk_size: Optional[int] = None,
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
+        from pyg_sar._malloc import configure_allocator
+        configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
         self.mode = mode
         self.chunk_size = chunk_size
         self.rank = int(part.rank)
@@ -221,6 +233,8 @@ class DistGraph:
                     part.csc_eid)
         if device is not None:
             self.to(device)
+        from pyg_sar._malloc import release_free_memory
+        release_free_memory()  # the set-up's temporaries, back to the OS
 
     def __new__(cls, part=None, *args, **kwargs):
         # A heterogeneous partition gives a graph of relation graphs.

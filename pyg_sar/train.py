@@ -27,6 +27,7 @@ from torch import Tensor
 
 from pyg_sar import comm
 from pyg_sar.cli import register_command
+from pyg_sar.nn.functional import relu_dropout
 
 MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
 
@@ -55,6 +56,9 @@ class GNN(torch.nn.Module):
             dim_out = out_channels if last else hidden_channels
             if model == 'sage':
                 conv = SAGEConv(dim_in, dim_out)
+                # Distributed, aggregate lin_l(x) where that is narrower
+                # (pyg_sar.nn.SAGEConv.transform_first); ignored by PyG.
+                conv.transform_first = True
             elif model == 'gcn':
                 conv = GCNConv(dim_in, dim_out)
             elif model == 'gen':
@@ -75,8 +79,8 @@ class GNN(torch.nn.Module):
         for layer, conv in enumerate(self.convs):
             x = conv(x, edge_index)
             if layer < len(self.convs) - 1:
-                x = F.relu(x)
-                x = F.dropout(x, p=self.dropout, training=self.training)
+                # F.dropout(F.relu(x)) that keeps one tensor, not three.
+                x = relu_dropout(x, p=self.dropout, training=self.training)
         return x
 
 
@@ -113,24 +117,11 @@ def evaluate(model: torch.nn.Module, x: Tensor, graph, y: Tensor,
 
 
 def limit_heap_retention(threshold_bytes: int = 1 << 20) -> bool:
-    """Makes glibc return freed tensor memory to the OS.
-
-    glibc's dynamic mmap threshold rises after the first large free, so
-    later blocks of up to 32 MiB come from the heap and their pages stay
-    resident after the tensors die: per-worker RSS then tracks the largest
-    activations ever seen rather than the live ones, which hides the 1/N
-    memory reduction. A fixed threshold (what ``MALLOC_MMAP_THRESHOLD_``
-    sets) serves such blocks with mmap again. Returns False where the C
-    library is not glibc.
-    """
-    import ctypes
-    import ctypes.util
-    m_mmap_threshold = -3
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
-        return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
-    except (OSError, AttributeError):
-        return False
+    """Makes glibc return freed tensor memory to the OS (a fixed mmap
+    threshold; see :mod:`pyg_sar._malloc`, which ``DistGraph`` applies on
+    its own). Returns False where the C library is not glibc."""
+    from pyg_sar._malloc import limit_heap_retention as limit
+    return limit(threshold_bytes)
 
 
 def resolve_device(device: str = 'auto') -> torch.device:
@@ -209,7 +200,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
         raise ValueError(f"save_model {save_model!r}: directory "
                          f"{osp.dirname(osp.abspath(save_model))!r} does "
                          f"not exist")
-    limit_heap_retention()
+    from pyg_sar._malloc import configure_allocator
+    configure_allocator()  # the library's allocator policy (_malloc.py)
     say = _StartupLog(progress)
     say(f"joining the process group "
         f"({os.environ.get('WORLD_SIZE', '1')} workers)")

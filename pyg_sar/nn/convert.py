@@ -59,12 +59,19 @@ def _rgcn_args(m) -> Dict:
                 bias=m.bias is not None)
 
 
+def _with_transform_first(stock, twin):
+    """Carries the ``transform_first`` opt-in (see :class:`SAGEConv`) of
+    a stock layer over to its twin."""
+    twin.transform_first = bool(getattr(stock, 'transform_first', False))
+    return twin
+
+
 # Layers with a SAR-engine twin, rebuilt with their own constructor args.
 _TWINS: Dict[Type, Callable] = {
-    pyg_nn.SAGEConv: lambda m: SAGEConv(
+    pyg_nn.SAGEConv: lambda m: _with_transform_first(m, SAGEConv(
         m.in_channels, m.out_channels, normalize=m.normalize,
         root_weight=m.root_weight, project=m.project,
-        bias=m.lin_l.bias is not None, **_aggr(m)),
+        bias=m.lin_l.bias is not None, **_aggr(m))),
     pyg_nn.GCNConv: lambda m: GCNConv(
         m.in_channels, m.out_channels, improved=m.improved, cached=m.cached,
         add_self_loops=m.add_self_loops, normalize=m.normalize,

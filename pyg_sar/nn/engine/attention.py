@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar.graph import EdgeChunk
-from pyg_sar.nn.engine.sparse import csr_matmul
+from pyg_sar.nn.engine.sparse import csr_into, csr_matmul
 
 # PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
 _SOFTMAX_EPS = 1e-16
@@ -77,10 +77,14 @@ class AttentionMixin:
 
     def _value_heads(self, tables: Dict[str, Tensor]) -> Optional[Tensor]:
         """The value rows head-major, ``[H, num_src, C]``, on the sparse
-        value path: a view, so no copy of the table is made."""
+        value path (one contiguous copy per block, a view in ``"sa"``)."""
         if self.plan.value_source is None:
             return None
-        return tables[self.plan.value_source].transpose(0, 1)
+        heads = tables[self.plan.value_source].transpose(0, 1)
+        # One head-major copy per block (not in "sa", which keeps it per
+        # chunk): every per-head product of every chunk would otherwise copy
+        # its strided [num_src, C] operand again.
+        return heads if self.mode == 'sa' else heads.contiguous()
 
     @staticmethod
     def _add_per_head_spmm(part: Tensor, chunk: EdgeChunk, weight: Tensor,
@@ -147,11 +151,22 @@ class AttentionMixin:
                 dot[:, h] = (g_heads[h].index_select(0, chunk.dst - lo) *
                              heads[h].index_select(0, chunk.src)).sum(-1)
             if value_grad is not None:
-                value_grad[:, h] += csr_matmul(
-                    crow_t, col_t, weighted[perm, h].contiguous(),
-                    (num_src, hi - lo), g_heads[h])
+                buf = self._head_buffer(num_src, heads.shape[2], prob)
+                csr_into(buf, crow_t, col_t, weighted[perm, h].contiguous(),
+                         (num_src, hi - lo), g_heads[h], accumulate=False)
+                value_grad[:, h] += buf
         grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
         return (grad_score, )
+
+    def _head_buffer(self, rows: int, cols: int, like: Tensor) -> Tensor:
+        """A ``[rows, cols]`` scratch buffer reused by every per-head
+        product of this backward (one allocation, not one per chunk and
+        head, each of which the allocator would map and fault in anew)."""
+        buf = self.state.get('head_buffer')
+        if buf is None or buf.numel() < rows * cols or \
+                buf.dtype != like.dtype:
+            buf = self.state['head_buffer'] = like.new_empty(rows * cols)
+        return buf[:rows * cols].view(rows, cols)
 
     def _attention_grads(self, peer: int, chunk: EdgeChunk, c_idx: int,
                          outputs, grad_out: Tensor, delta: Tensor):

@@ -116,6 +116,10 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             per_edge = int(2 * live_copies * row_bytes(gathered) +
                            live_copies * row_bytes(values) * rows_per_edge) + 1
         limit = max(1024, comm.config().edge_memory_budget // per_edge)
+        # A power of two: layers of similar widths then cut blocks alike and
+        # share one set of cached chunk CSRs (EdgeBlock.chunked) instead of
+        # keeping a set each.
+        limit = 1 << (int(limit).bit_length() - 1)
         chunk_size = self.graph.chunk_size
         return limit if chunk_size is None else min(limit, chunk_size)
 
@@ -155,19 +159,40 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
 
     def backward(self, grad_out: Tensor) -> List[Optional[Tensor]]:
         g = self.graph
-        if self.plan.aggr == 'mean':
+        if self.plan.aggr == 'mean' and self.plan.kind != 'spmm':
+            # (the sparse path folds 1 / in-degree into its edge values)
             grad_out = grad_out / _per_row(g.in_degree.clamp(min=1),
                                            grad_out)
         self.grads: List[Optional[Tensor]] = [None] * self.num_inputs
-        self.src_grads = [self._source_rows(g.num_src_nodes, k)
-                          for k in range(len(self.source_meta))]
+        # Filled by the first block's gradient itself (no zeros plus it).
+        self.src_grads: List[Optional[Tensor]] = [None] * len(
+            self.source_meta)
         if self.plan.kind == 'spmm':
             self._route(self._spmm_block_grad(grad_out))
         else:
             self._backward_general(grad_out)
         for name, s in self.plan.src_slots.items():
-            self._add(s, self.src_grads[self.src_names.index(name)])
+            k = self.src_names.index(name)
+            if self.src_grads[k] is None:
+                self.src_grads[k] = self._source_rows(g.num_src_nodes, k)
+            self._add(s, self.src_grads[k])
         return self.grads
+
+    def _add_src_rows(self, k: int, value: Tensor,
+                      index: Optional[Tensor] = None) -> None:
+        """Adds ``value`` to the gradient of source tensor ``k`` (at rows
+        ``index``; all local rows without). A fresh full-size ``value``
+        becomes the gradient itself."""
+        current = self.src_grads[k]
+        if index is None and current is None:
+            self.src_grads[k] = value
+        elif index is None:
+            current += value
+        else:
+            if current is None:
+                current = self.src_grads[k] = self._source_rows(
+                    self.graph.num_src_nodes, k)
+            current.index_add_(0, index, value)
 
     def _add(self, slot_idx: int, value: Optional[Tensor]) -> None:
         if value is None or not self.needs_grad[slot_idx]:

@@ -104,7 +104,7 @@ class RingMixin:
         for frm, rows in received.items():
             ids = self.graph.send_ids[frm]
             for k, r in enumerate(rows):
-                self.src_grads[k].index_add_(0, ids, r)
+                self._add_src_rows(k, r, ids)
 
     def _route(self, block_grad: Callable[[EdgeBlock, Optional[List[Tensor]]],
                                           List[Tensor]],
@@ -119,7 +119,7 @@ class RingMixin:
             merged = g.merged_block()
             table_grads = block_grad(merged, self.state.get('halo'))
             for k, tg in enumerate(table_grads):
-                self.src_grads[k] += tg[:g.num_src_nodes]
+                self._add_src_rows(k, tg[:g.num_src_nodes].clone())
             sends, offset = {}, g.num_src_nodes
             for block in g.blocks[1:]:
                 sends[block.peer] = [tg[offset:offset + block.num_src]
@@ -128,7 +128,7 @@ class RingMixin:
             self._receive_grads(self._post_grads(sends, list(g.send_ids)))
             return
         for k, tg in enumerate(block_grad(g.local_block, self.sources)):
-            self.src_grads[k] += tg
+            self._add_src_rows(k, tg)
         P = g.world_size
         if refetch:
             rounds = ((rnd, block, tables)

@@ -34,6 +34,21 @@ def csr_matmul(crow: Tensor, col: Tensor, values: Tensor, shape,
                           dense.index_select(0, col))
 
 
+def csr_into(out: Tensor, crow: Tensor, col: Tensor, values: Tensor, shape,
+             dense: Tensor, accumulate: bool = True) -> None:
+    """``out (+)= (CSR matrix) @ dense``, in place where the kernels allow
+    (:func:`_spmm_into`), through :func:`csr_matmul`'s fallback where the
+    pattern has more entries than cells."""
+    rows, cols = shape
+    if col.numel() <= rows * cols:
+        _spmm_into(out, torch.sparse_csr_tensor(crow, col, values, shape),
+                   dense, accumulate)
+    elif accumulate:
+        out += csr_matmul(crow, col, values, shape, dense)
+    else:
+        out.copy_(csr_matmul(crow, col, values, shape, dense))
+
+
 class SparseMixin:
     """Owns the runner's ``spmm`` kind: the edge weights of a chunk
     (``_spmm_values``), its forward and its block gradient."""
@@ -58,31 +73,64 @@ class SparseMixin:
             for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
+                if self.any_src_grad:
+                    # Build (once) the transposed CSR the backward reuses
+                    # now, while few activations are alive, not at the
+                    # backward's peak.
+                    chunk.csr_transposed(block.num_src)
                 crow, col = chunk.csr()
-                prod = csr_matmul(
-                    crow, col, self._spmm_values(chunk, x),
+                csr_into(out[chunk.row_start:chunk.row_end].view(
+                    chunk.row_end - chunk.row_start, -1), crow, col,
+                    self._spmm_values(chunk, x),
                     (chunk.row_end - chunk.row_start, block.num_src), flat)
-                out[chunk.row_start:chunk.row_end] += prod.view(
-                    -1, *x.shape[1:])
         if self.plan.aggr == 'mean':
-            out = out / _per_row(g.in_degree.clamp(min=1), out)
+            out.div_(_per_row(g.in_degree.clamp(min=1), out))
         return out
 
     def _spmm_block_grad(self, grad_out: Tensor):
         flat_g = (grad_out.flatten(1) if grad_out.dim() > 1
                   else grad_out.view(-1, 1))
         trailing = self.source_meta[0][0]
+        # mean: A^T (g / deg) with 1 / deg folded into the edge values, so
+        # no scaled copy of the node-sized gradient is made.
+        inv_deg = (1.0 / self.graph.in_degree.clamp(min=1).to(flat_g.dtype)
+                   if self.plan.aggr == 'mean' else None)
 
         def block_grad(block: EdgeBlock, _tables) -> List[Tensor]:
-            acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
+            acc = None  # the first chunk's product, not zeros plus it
             for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
                 crow, col, perm = chunk.csr_transposed(block.num_src)
-                acc += csr_matmul(
-                    crow, col, self._spmm_values(chunk, flat_g, perm),
-                    (block.num_src, chunk.row_end - chunk.row_start),
-                    flat_g[chunk.row_start:chunk.row_end])
+                values = self._spmm_values(chunk, flat_g, perm)
+                if inv_deg is not None:
+                    values = values * inv_deg[
+                        chunk.row_start:chunk.row_end][col]
+                rows = flat_g[chunk.row_start:chunk.row_end]
+                shape = (block.num_src, chunk.row_end - chunk.row_start)
+                if acc is None:
+                    acc = flat_g.new_empty((block.num_src, flat_g.shape[1]))
+                    csr_into(acc, crow, col, values, shape, rows,
+                             accumulate=False)
+                else:
+                    csr_into(acc, crow, col, values, shape, rows)
+            if acc is None:
+                acc = flat_g.new_zeros((block.num_src, flat_g.shape[1]))
             return [acc.view(block.num_src, *trailing)]
 
         return block_grad
+
+
+def _spmm_into(out: Tensor, adj: Tensor, dense: Tensor,
+               accumulate: bool = True) -> None:
+    """``out (+)= adj @ dense`` written into ``out`` (a contiguous row
+    range). ``adj @ dense`` on CPU CSR builds its result in a temporary of
+    the output's size and copies it, twice the output at the peak; addmm
+    with ``out=`` writes in place, with the same values."""
+    if out.is_contiguous():
+        torch.addmm(out, adj, dense, beta=1.0 if accumulate else 0.0,
+                    out=out)
+    elif accumulate:
+        out += adj @ dense
+    else:
+        out.copy_(adj @ dense)

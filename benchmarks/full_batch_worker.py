@@ -1,0 +1,263 @@
+"""One worker of ``benchmarks/full_batch.py``, and the analytic memory floor.
+
+A pyg_sar worker trains exactly as the README's snippet does (Python API:
+``init_distributed``, ``load_partition``, ``DistGraph``, ``to_distributed``
+of :class:`pyg_sar.train.GNN`, ``sync_params``, the local-sum loss over the
+global count, ``all_reduce_grads``, Adam); a stock worker trains the same
+architecture written with stock ``torch_geometric.nn`` convs, ``F.relu`` and
+``F.dropout`` on the whole graph in one process. Neither sets an allocator
+option or an environment variable.
+
+Memory, per worker, from ``/proc/self/status``:
+  * ``peak_over_loaded_mib``: the peak RSS from the moment the data is
+    loaded (after ``load_partition``, or the stock ``torch.load``) to the
+    end of the last epoch, minus the RSS right after loading. It includes
+    the graph's index state, the model, the optimizer and every epoch;
+  * ``graph_mib``: RSS after building the ``DistGraph`` minus after loading;
+  * ``epoch_peak_mib``: the largest peak of one epoch over the RSS right
+    before it (the kernel's peak mark is reset before every epoch).
+Time: the median epoch after the first one (``epoch_s``).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import statistics
+import time
+from typing import Dict, List, Optional
+
+BYTES = 4  # float32
+
+
+# Analytic floor ##############################################################
+
+def layer_dims(model: str, in_channels: int, hidden: int, out_channels: int,
+               layers: int, heads: int) -> List[dict]:
+    """Input and output widths of each layer of :class:`pyg_sar.train.GNN`
+    (GAT: hidden layers concatenate ``heads`` heads of ``hidden // heads``
+    channels, the last layer averages ``heads`` heads of ``out_channels``)."""
+    dims, width = [], in_channels
+    for layer in range(layers):
+        last = layer == layers - 1
+        if model == 'gat':
+            channels = out_channels if last else hidden // heads
+            dims.append(dict(inp=width, heads=heads, channels=channels,
+                             out=channels if last else heads * channels))
+        else:
+            dims.append(dict(inp=width, out=out_channels if last else hidden))
+        width = dims[-1]['out']
+    return dims
+
+
+def floor_bytes(model: str, num_nodes: int, dims: List[dict]) -> int:
+    r"""The activations autograd must keep for one backward, from the model's
+    shapes (float32, per worker of ``num_nodes`` nodes); they fall as 1/N.
+
+    Counted once per tensor: the input of every linear map (a layer's input,
+    except the first layer's, which is the loaded data; and SAGE's
+    neighbour aggregate, the input of ``lin_l``), every ReLU output (the
+    next layer's input, so already counted) and the logits. GAT also needs,
+    per layer, the projected values ``W x`` (the input of the aggregation),
+    the source and destination attention logits (H each) and, to
+    differentiate the softmax without per-edge state, the aggregated output
+    and the per-node softmax max and sum (H each). Dropout adds nothing when
+    its mask is recovered from the output (``pyg_sar.nn.functional``); the
+    stock ``F.dropout(F.relu(x))`` keeps two more hidden-sized tensors per
+    layer. Not counted: gradients alive during backward, parameters and
+    optimizer state (under 1 MiB here), the graph's index tensors.
+    """
+    per_node = 0
+    for layer, d in enumerate(dims):
+        kept_input = d['inp'] if layer > 0 else 0
+        if model == 'gat':
+            width = d['heads'] * d['channels']
+            per_node += kept_input + width + 2 * d['heads'] + \
+                width + 2 * d['heads']
+        else:
+            per_node += kept_input + d['inp']
+    per_node += dims[-1]['out']  # logits
+    return per_node * num_nodes * BYTES
+
+
+# Probes ######################################################################
+
+def _status_mib(key: str) -> Optional[float]:
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith(key + ':'):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> bool:
+    """Resets the kernel's peak-RSS mark (VmHWM) of this process."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
+class _Peak:
+    """The peak RSS since :meth:`start`, across resets of the kernel mark."""
+
+    def start(self) -> None:
+        gc.collect()
+        self.base = _status_mib('VmRSS')
+        self.resettable = _reset_peak()
+        self.peak = self.base
+        self.maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def fold(self) -> float:
+        """Folds the current mark in; returns the peak since the last
+        reset (or since the start without resets)."""
+        hwm = _status_mib('VmHWM')
+        self.peak = max(self.peak, hwm)
+        return hwm
+
+    def reset(self) -> float:
+        self.fold()
+        gc.collect()
+        rss = _status_mib('VmRSS')
+        if self.resettable:
+            _reset_peak()
+        return rss
+
+
+# Models ######################################################################
+
+def stock_model(model: str, dims: List[dict], dropout: float = 0.5):
+    """The GNN's architecture with stock PyG convs, as a user writes it."""
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GATConv, SAGEConv
+
+    class Stock(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList()
+            for layer, d in enumerate(dims):
+                if model == 'gat':
+                    self.convs.append(GATConv(
+                        d['inp'], d['channels'], heads=d['heads'],
+                        concat=layer < len(dims) - 1))
+                else:
+                    self.convs.append(SAGEConv(d['inp'], d['out']))
+
+        def forward(self, x, edge_index):
+            for layer, conv in enumerate(self.convs):
+                x = conv(x, edge_index)
+                if layer < len(self.convs) - 1:
+                    x = F.relu(x)
+                    x = F.dropout(x, p=dropout, training=self.training)
+            return x
+
+    return Stock()
+
+
+# Worker ######################################################################
+
+def run_worker(args) -> None:
+    import torch
+    import torch.nn.functional as F
+    from datetime import timedelta
+
+    peak = _Peak()
+    info: Dict = {}
+    if args.impl == 'pyg':
+        rank, world_size = 0, 1
+        data = torch.load(args.data, weights_only=False)
+        x, y, mask = data.x, data.y, data.train_mask
+        edge_index = data.edge_index
+        del data
+        peak.start()
+        num_classes = int(y.max()) + 1
+        dims = layer_dims(args.model, x.size(1), args.hidden, num_classes,
+                          args.layers, args.heads)
+        model = stock_model(args.model, dims)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+        def epoch() -> None:
+            optimizer.zero_grad()
+            out = model(x, edge_index)
+            loss = F.cross_entropy(out[mask], y[mask])
+            loss.backward()
+            optimizer.step()
+
+        def barrier() -> None:
+            pass
+        num_nodes = x.size(0)
+        rss_graph = peak.base
+    else:
+        import pyg_sar
+        from pyg_sar.train import GNN
+        import torch.distributed as dist
+        rank, world_size = pyg_sar.init_distributed(
+            timeout=timedelta(seconds=args.timeout))
+        part = pyg_sar.load_partition(args.parts, rank)
+        num_classes = args.num_classes
+        peak.start()
+        # The README's snippet, line by line.
+        graph = pyg_sar.DistGraph(part, mode='sar')
+        rss_graph = _status_mib('VmRSS')
+        model = pyg_sar.nn.to_distributed(GNN(
+            args.model, part.x.size(1), args.hidden, num_classes,
+            num_layers=args.layers, heads=args.heads))
+        pyg_sar.sync_params(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        num_train = pyg_sar.global_count(part.train_mask)
+
+        def epoch() -> None:
+            optimizer.zero_grad()
+            out = model(part.x, graph)
+            loss = F.cross_entropy(out[part.train_mask],
+                                   part.y[part.train_mask],
+                                   reduction='sum') / num_train
+            loss.backward()
+            pyg_sar.all_reduce_grads(model)
+            optimizer.step()
+
+        def barrier() -> None:
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+        num_nodes = graph.num_nodes
+        dims = layer_dims(args.model, part.x.size(1), args.hidden,
+                          num_classes, args.layers, args.heads)
+        info.update(local_edges=graph.num_edges,
+                    halo_nodes=graph.num_halo_nodes)
+    model.train()
+    times, epoch_peaks = [], []
+    for _ in range(args.epochs + 1):
+        barrier()
+        before = peak.reset()
+        start = time.perf_counter()
+        epoch()
+        times.append(time.perf_counter() - start)
+        epoch_peaks.append(peak.fold() - before)
+    peak.fold()
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = dict(
+        rank=rank, world_size=world_size, impl=args.impl, model=args.model,
+        code=os.environ.get('PYG_SAR_BENCH_CODE', 'this tree'),
+        threads=torch.get_num_threads(), num_nodes=num_nodes,
+        rss_loaded_mib=peak.base,
+        peak_over_loaded_mib=peak.peak - peak.base,
+        peak_mark_resettable=peak.resettable,
+        maxrss_over_loaded_mib=(maxrss - peak.maxrss0) / 1024,
+        graph_mib=rss_graph - peak.base,
+        epoch_peak_mib=max(epoch_peaks),
+        epoch_times_s=times, epoch_s=statistics.median(times[1:] or times),
+        floor_mib=floor_bytes(args.model, num_nodes, dims) / 2**20,
+        dims=dims, **info)
+    with open(args.result, 'w') as f:
+        json.dump(result, f)
+    if args.impl == 'sar':
+        import torch.distributed
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
