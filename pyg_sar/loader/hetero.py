@@ -16,7 +16,6 @@ their answers; then one exchange of all node and edge attributes.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -29,6 +28,8 @@ from pyg_sar.loader.hetero_batch import hetero_batch
 from pyg_sar.loader.hetero_shard import EdgeType, HeteroShard, to_hetero_shard
 from pyg_sar.loader.neighbor_loader import (DistNeighborLoader,
                                             _check_num_neighbors)
+from pyg_sar.loader.options import (agree_with_peers, count_batches_and_seed,
+                                    local_seeds, store_batch_options)
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
 
@@ -108,36 +109,16 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
         self.num_neighbors = _hetero_num_neighbors(num_neighbors,
                                                    self.shard.edge_types)
         self.num_hops = len(next(iter(self.num_neighbors.values()), []))
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
-                or batch_size < 1:
-            raise ValueError(f"'batch_size' must be a positive int (got "
-                             f"{batch_size!r})")
-        if transform is not None and not callable(transform):
-            raise TypeError(f"'transform' must be callable (got "
-                            f"{type(transform).__name__})")
-        self.batch_size = batch_size
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
-        self.replace = bool(replace)
-        self.transform = transform
-        self.pad_batches = bool(pad_batches)
+        store_batch_options(self, batch_size, shuffle, drop_last, replace,
+                            transform, pad_batches, device)
         self.subgraph_type = 'directional'
         self.disjoint = False
         self.time_attr = None
-        self.device = None if device is None else torch.device(device)
-        self.num_workers = 0
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
         self.input_type, self.input_nodes = self._resolve_hetero_input(
             input_nodes)
-        num_seeds = self.input_nodes.numel()
-        self.num_batches = (num_seeds // batch_size if self.drop_last else
-                            math.ceil(num_seeds / batch_size))
-        if seed is None:
-            seed = int(torch.randint(2**62, (), dtype=torch.long))
-        self.seed = int(seed)
-        self.generator = torch.Generator().manual_seed(
-            (self.seed * 1_000_003 + self.rank) % (2**63 - 1))
+        count_batches_and_seed(self, seed)
         self.num_global_batches = self._agree_with_peers()
         # Per node type: global id -> batch-local id (-1: absent), and the
         # scratch map of `_first_seen_absent`.
@@ -174,51 +155,18 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                             f"one-dimensional boolean mask over the local "
                             f"{node_type!r} nodes or tensor of their global "
                             f"ids (got {type(nodes).__name__})")
-        if nodes.dtype == torch.bool:
-            if nodes.numel() != count:
-                raise ValueError(
-                    f"'input_nodes' mask has length {nodes.numel()} but rank "
-                    f"{self.rank} owns {count} {node_type!r} nodes; pass a "
-                    f"mask over the local nodes (e.g. "
-                    f"part[{node_type!r}].train_mask)")
-            return node_type, nodes.nonzero().view(-1) + start
-        if nodes.is_floating_point() or nodes.is_complex():
-            raise TypeError(f"'input_nodes' must be a boolean mask or an "
-                            f"integer tensor of global ids (got "
-                            f"{nodes.dtype})")
-        ids = nodes.to(torch.long)
-        not_owned = (ids < start) | (ids >= start + count)
-        if bool(not_owned.any()):
-            raise ValueError(
-                f"'input_nodes' holds {int(not_owned.sum())} {node_type!r} "
-                f"ids not owned by rank {self.rank} (which owns {start}.."
-                f"{start + count - 1}), e.g. {int(ids[not_owned][0])}; pass "
-                f"every rank only its own nodes")
-        if torch.unique(ids).numel() != ids.numel():
-            raise ValueError("'input_nodes' holds duplicate ids; every seed "
-                             "must appear at most once per epoch")
-        return node_type, ids
+        return node_type, local_seeds(nodes, start, count, self.rank,
+                                      repr(node_type),
+                                      f'part[{node_type!r}].train_mask')
 
     def _agree_with_peers(self) -> int:
         shard = self.shard
-        world_size, rank = comm.get_world_size(), comm.get_rank()
-        if world_size != shard.num_parts or rank != shard.rank:
-            raise ValueError(
-                f"rank {rank} of {world_size} was given part {shard.rank} of "
-                f"{shard.num_parts}; launch one worker per part and load "
-                f"part r on rank r")
         config = (shard.fingerprint, shard.schema(),
                   tuple((e, tuple(f)) for e, f in self.num_neighbors.items()),
                   self.replace, self.pad_batches, self.input_type)
-        everyone = comm.all_gather_object((config, self.num_batches))
-        for other_rank, (other, _) in enumerate(everyone):
-            if other != config:
-                raise ValueError(
-                    f"rank {rank} and rank {other_rank} built "
-                    f"DistNeighborLoaders that disagree on partition, "
-                    f"attribute schema, num_neighbors, replace, pad_batches "
-                    f"or input node type: {config} vs {other}")
-        return max(num_batches for _, num_batches in everyone)
+        return agree_with_peers(shard, config, self.num_batches,
+                                'partition, attribute schema, num_neighbors, '
+                                'replace, pad_batches or input node type')
 
     # One collective round ###################################################
 

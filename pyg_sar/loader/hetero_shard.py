@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_sar.loader.shard import schema
+from pyg_sar.loader.shard import schema, store_pair
 
 EdgeType = Tuple[str, str, str]
 
@@ -171,16 +171,9 @@ def to_hetero_shard(data: Any) -> HeteroShard:
     from pyg_sar.partition_hetero_load import HeteroPartition
     if isinstance(data, HeteroPartition):
         return HeteroShard.from_partition(data)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        from torch_geometric.distributed import (LocalFeatureStore,
-                                                 LocalGraphStore)
-        feature_store, graph_store = data
-        if isinstance(feature_store, LocalGraphStore) and isinstance(
-                graph_store, LocalFeatureStore):
-            feature_store, graph_store = graph_store, feature_store
-        if isinstance(feature_store, LocalFeatureStore) and isinstance(
-                graph_store, LocalGraphStore):
-            return HeteroShard.from_stores(feature_store, graph_store)
+    stores = store_pair(data)
+    if stores is not None:
+        return HeteroShard.from_stores(*stores)
     raise TypeError(f"'data' must be a pyg_sar HeteroPartition or a "
                     f"(LocalFeatureStore, LocalGraphStore) pair (got "
                     f"{type(data).__name__})")

@@ -20,7 +20,6 @@ numbers of batches, or none at all.
 """
 from __future__ import annotations
 
-import math
 from typing import (Any, Callable, Iterator, List, Optional, Sequence,
                     Tuple)
 
@@ -33,7 +32,9 @@ from pyg_sar import comm
 from pyg_sar.loader.batch_parts import (_INT32_MAX, _bidirectional,
                                         _first_seen_absent, _group_by_owner,
                                         fetch_attributes)
-from pyg_sar.loader.options import NODE_ORDER, PYG_NODE_ORDER, resolve
+from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
+                                    agree_with_peers, count_batches_and_seed,
+                                    local_seeds, resolve, store_batch_options)
 from pyg_sar.loader.shard import edge_weight, schema, to_shard
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
@@ -161,19 +162,8 @@ class DistNeighborLoader:
                temporal_strategy: str = 'uniform') -> None:
         self.shard = to_shard(data)
         self.num_neighbors = _check_num_neighbors(num_neighbors)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
-                or batch_size < 1:
-            raise ValueError(f"'batch_size' must be a positive int (got "
-                             f"{batch_size!r})")
-        if transform is not None and not callable(transform):
-            raise TypeError(f"'transform' must be callable (got "
-                            f"{type(transform).__name__})")
-        self.batch_size = batch_size
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
-        self.replace = bool(replace)
-        self.transform = transform
-        self.pad_batches = bool(pad_batches)
+        store_batch_options(self, batch_size, shuffle, drop_last, replace,
+                            transform, pad_batches, device)
         self.time_attr, self.temporal_strategy = time_attr, temporal_strategy
         if time_attr is not None:
             disjoint = True  # as in PyG: temporal sampling is disjoint
@@ -193,24 +183,10 @@ class DistNeighborLoader:
         self.disjoint = bool(disjoint)
         self.weight_attr = weight_attr
         self.edge_weight = edge_weight(self.shard, weight_attr)
-        self.device = None if device is None else torch.device(device)
-        self.num_workers = 0  # read by PyG-style training loops
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
         self.input_nodes = self._resolve_input_nodes(input_nodes)
-
-        num_seeds = self.input_nodes.numel()
-        self.num_batches = (num_seeds // batch_size if self.drop_last else
-                            math.ceil(num_seeds / batch_size))
-
-        if seed is None:
-            seed = int(torch.randint(2**62, (), dtype=torch.long))
-        self.seed = int(seed)
-        # One stream per rank: it shuffles this rank's seeds and samples the
-        # requests this rank answers, so (seed, world size) fixes everything.
-        self.generator = torch.Generator().manual_seed(
-            (self.seed * 1_000_003 + self.rank) % (2**63 - 1))
-
+        count_batches_and_seed(self, seed)
         self.num_global_batches = self._agree_with_peers()
         self.edge_time = self.seed_time = self.node_time = None
         if time_attr is not None:
@@ -242,57 +218,25 @@ class DistNeighborLoader:
         if input_nodes.dim() != 1:
             raise ValueError(f"'input_nodes' must be one-dimensional (got "
                              f"shape {list(input_nodes.shape)})")
-        if input_nodes.dtype == torch.bool:
-            if input_nodes.numel() != count:
-                raise ValueError(
-                    f"'input_nodes' mask has length {input_nodes.numel()} "
-                    f"but rank {self.rank} owns {count} nodes; pass a mask "
-                    f"over the local nodes (e.g. part.train_mask)")
-            return input_nodes.nonzero().view(-1) + start
-        if input_nodes.is_floating_point() or input_nodes.is_complex():
-            raise TypeError(f"'input_nodes' must be a boolean mask or an "
-                            f"integer tensor of global ids (got "
-                            f"{input_nodes.dtype})")
-        ids = input_nodes.to(torch.long)
-        not_owned = (ids < start) | (ids >= start + count)
-        if bool(not_owned.any()):
-            bad = int(ids[not_owned][0])
-            owner = (f'rank {int(shard.owner(torch.tensor([bad]))[0])}'
-                     if 0 <= bad < shard.num_nodes else 'no rank')
-            raise ValueError(
-                f"'input_nodes' holds {int(not_owned.sum())} global ids not "
-                f"owned by rank {self.rank} (which owns {start}.."
-                f"{start + count - 1}), e.g. {bad}, owned by {owner}; pass "
-                f"every rank only its own nodes")
-        if torch.unique(ids).numel() != ids.numel():
-            raise ValueError("'input_nodes' holds duplicate ids; every seed "
-                             "must appear at most once per epoch")
-        return ids
+
+        def owner(bad: int) -> str:
+            return (f'rank {int(shard.owner(torch.tensor([bad]))[0])}'
+                    if 0 <= bad < shard.num_nodes else 'no rank')
+        return local_seeds(input_nodes, start, count, self.rank, 'global',
+                           'part.train_mask', owner)
 
     def _agree_with_peers(self) -> int:
         """Checks that all ranks are configured alike (collective) and
         returns the largest number of batches of any rank."""
         shard = self.shard
-        world_size, rank = comm.get_world_size(), comm.get_rank()
-        if world_size != shard.num_parts or rank != shard.rank:
-            raise ValueError(
-                f"rank {rank} of {world_size} was given part {shard.rank} of "
-                f"{shard.num_parts}; launch one worker per part and load "
-                f"part r on rank r")
         config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
                   self.pad_batches, schema(shard.node_attrs),
                   schema(shard.edge_attrs), self.subgraph_type,
                   self.weight_attr, self.disjoint, self.time_attr,
                   self.temporal_strategy, self._extra_config())
-        everyone = comm.all_gather_object((config, self.num_batches))
-        for other_rank, (other, _) in enumerate(everyone):
-            if other != config:
-                raise ValueError(
-                    f"rank {rank} and rank {other_rank} built "
-                    f"DistNeighborLoaders that disagree on partition, "
-                    f"num_neighbors, replace, pad_batches or attribute "
-                    f"schema: {config} vs {other}")
-        return max(num_batches for _, num_batches in everyone)
+        return agree_with_peers(shard, config, self.num_batches,
+                                'partition, num_neighbors, replace, '
+                                'pad_batches or attribute schema')
 
     def _extra_config(self) -> Tuple:
         """Further settings every rank must share (subclasses)."""

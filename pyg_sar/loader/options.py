@@ -12,7 +12,8 @@ with an error naming them.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Tuple
+import math
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 NODE_ORDER = ('input_nodes', 'batch_size', 'shuffle', 'drop_last', 'replace',
               'seed', 'transform', 'pad_batches')
@@ -145,3 +146,102 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
     options['subgraph_type'] = subgraph
     for key in _NO_EFFECT:
         options.pop(key, None)
+
+
+# Options both node loaders (homogeneous and heterogeneous) share ###########
+
+def store_batch_options(loader: Any, batch_size: Any, shuffle: Any,
+                        drop_last: Any, replace: Any, transform: Any,
+                        pad_batches: Any, device: Any) -> None:
+    """Checks the batching options and sets them on ``loader``."""
+    import torch
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+            or batch_size < 1:
+        raise ValueError(f"'batch_size' must be a positive int (got "
+                         f"{batch_size!r})")
+    if transform is not None and not callable(transform):
+        raise TypeError(f"'transform' must be callable (got "
+                        f"{type(transform).__name__})")
+    loader.batch_size = batch_size
+    loader.shuffle = bool(shuffle)
+    loader.drop_last = bool(drop_last)
+    loader.replace = bool(replace)
+    loader.transform = transform
+    loader.pad_batches = bool(pad_batches)
+    loader.device = None if device is None else torch.device(device)
+    loader.num_workers = 0  # read by PyG-style training loops
+
+
+def count_batches_and_seed(loader: Any, seed: Optional[int]) -> None:
+    """Sets ``loader.num_batches`` (from its ``input_nodes``), ``seed`` and
+    ``generator``: one stream per rank, which shuffles this rank's seeds and
+    samples the requests this rank answers, so (seed, world size) fixes
+    everything. ``None`` draws a seed from torch's global generator."""
+    import torch
+    num_seeds = loader.input_nodes.numel()
+    loader.num_batches = (num_seeds // loader.batch_size if loader.drop_last
+                          else math.ceil(num_seeds / loader.batch_size))
+    if seed is None:
+        seed = int(torch.randint(2**62, (), dtype=torch.long))
+    loader.seed = int(seed)
+    loader.generator = torch.Generator().manual_seed(
+        (loader.seed * 1_000_003 + loader.rank) % (2**63 - 1))
+
+
+def local_seeds(nodes: Any, start: int, count: int, rank: int, kind: str,
+                mask_hint: str, owner: Optional[Callable[[int], str]] = None
+                ) -> Any:
+    """The global ids of the seeds given as ``nodes`` (a boolean mask over
+    this rank's ``count`` nodes from ``start``, or integer global ids it
+    owns, each at most once). ``kind`` names the ids in messages
+    (``'global'``, or a node type's repr), ``mask_hint`` is an example
+    mask, ``owner`` names the owner of a foreign id."""
+    import torch
+    if nodes.dtype == torch.bool:
+        label = 'nodes' if kind == 'global' else f'{kind} nodes'
+        if nodes.numel() != count:
+            raise ValueError(
+                f"'input_nodes' mask has length {nodes.numel()} but rank "
+                f"{rank} owns {count} {label}; pass a mask over the local "
+                f"nodes (e.g. {mask_hint})")
+        return nodes.nonzero().view(-1) + start
+    if nodes.is_floating_point() or nodes.is_complex():
+        raise TypeError(f"'input_nodes' must be a boolean mask or an "
+                        f"integer tensor of global ids (got {nodes.dtype})")
+    ids = nodes.to(torch.long)
+    not_owned = (ids < start) | (ids >= start + count)
+    if bool(not_owned.any()):
+        bad = int(ids[not_owned][0])
+        owned_by = '' if owner is None else f', owned by {owner(bad)}'
+        raise ValueError(
+            f"'input_nodes' holds {int(not_owned.sum())} {kind} ids not "
+            f"owned by rank {rank} (which owns {start}.."
+            f"{start + count - 1}), e.g. {bad}{owned_by}; pass every rank "
+            f"only its own nodes")
+    if torch.unique(ids).numel() != ids.numel():
+        raise ValueError("'input_nodes' holds duplicate ids; every seed "
+                         "must appear at most once per epoch")
+    return ids
+
+
+def agree_with_peers(shard: Any, config: Any, num_batches: int,
+                     settings: str) -> int:
+    """Checks (collectively) that this rank holds part ``rank`` of as many
+    parts as there are ranks and that every rank built its loader with the
+    same ``config`` (``settings`` names its fields in the message); returns
+    the largest number of batches of any rank."""
+    from pyg_sar import comm
+    world_size, rank = comm.get_world_size(), comm.get_rank()
+    if world_size != shard.num_parts or rank != shard.rank:
+        raise ValueError(
+            f"rank {rank} of {world_size} was given part {shard.rank} of "
+            f"{shard.num_parts}; launch one worker per part and load "
+            f"part r on rank r")
+    everyone = comm.all_gather_object((config, num_batches))
+    for other_rank, (other, _) in enumerate(everyone):
+        if other != config:
+            raise ValueError(
+                f"rank {rank} and rank {other_rank} built "
+                f"DistNeighborLoaders that disagree on {settings}: "
+                f"{config} vs {other}")
+    return max(n for _, n in everyone)

@@ -121,19 +121,29 @@ def to_shard(data: Any) -> Shard:
                          "DistNeighborLoader's")
     if isinstance(data, Partition):
         return Shard.from_partition(data)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        from torch_geometric.distributed import (LocalFeatureStore,
-                                                 LocalGraphStore)
-        feature_store, graph_store = data
-        if isinstance(feature_store, LocalGraphStore) and isinstance(
-                graph_store, LocalFeatureStore):
-            feature_store, graph_store = graph_store, feature_store
-        if isinstance(feature_store, LocalFeatureStore) and isinstance(
-                graph_store, LocalGraphStore):
-            return Shard.from_stores(feature_store, graph_store)
+    stores = store_pair(data)
+    if stores is not None:
+        return Shard.from_stores(*stores)
     raise TypeError(f"'data' must be a pyg_sar.Partition or a "
                     f"(LocalFeatureStore, LocalGraphStore) pair (got "
                     f"{type(data).__name__})")
+
+
+def store_pair(data: Any) -> Optional[Tuple[Any, Any]]:
+    """``(feature_store, graph_store)`` when ``data`` is a pair of PyG's
+    ``LocalFeatureStore`` and ``LocalGraphStore`` (in either order), else
+    ``None``."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        return None
+    from torch_geometric.distributed import LocalFeatureStore, LocalGraphStore
+    feature_store, graph_store = data
+    if isinstance(feature_store, LocalGraphStore) and isinstance(
+            graph_store, LocalFeatureStore):
+        feature_store, graph_store = graph_store, feature_store
+    if isinstance(feature_store, LocalFeatureStore) and isinstance(
+            graph_store, LocalGraphStore):
+        return feature_store, graph_store
+    return None
 
 
 def edge_weight(shard: Shard, weight_attr: Optional[str]
