@@ -9,17 +9,10 @@ import torch
 from torch import Tensor
 
 from pyg_sar.layout import MANIFEST_FILE, META_FILE, _edge_type_str
-from pyg_sar.partition_load import (_check_rank, _expect, _expect_vector,
-                                    _load)
+from pyg_sar.partition_load import (_check_rank, _csc_edge_index, _expect,
+                                    _expect_vector, _load, _set_fields)
 
 EdgeType = Tuple[str, str, str]
-
-
-def _set_fields(obj: Any, attrs: Dict[str, Tensor]) -> None:
-    for key, value in attrs.items():
-        # Attributes that would shadow a field stay in the dictionary.
-        if key not in obj.__dict__ and not hasattr(type(obj), key):
-            setattr(obj, key, value)
 
 
 class NodePart:
@@ -89,9 +82,7 @@ class EdgePart:
     def edge_index(self) -> Tensor:
         r"""The local edges as :obj:`[2, num_local_edges]` new per-type
         :obj:`(src, dst)` ids in CSC order."""
-        counts = self.csc_ptr[1:] - self.csc_ptr[:-1]
-        dst = torch.repeat_interleave(self.dst_ids, counts)
-        return torch.stack([self.csc_src, dst], dim=0)
+        return _csc_edge_index(self.csc_ptr, self.csc_src, self.dst_ids)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.edge_type}, "

@@ -13,6 +13,23 @@ from torch import Tensor
 from pyg_sar.layout import MANIFEST_FILE, META_FILE, NODE_MAP_FILE, _part_dir
 
 
+def _set_fields(obj: Any, attrs: Dict[str, Tensor]) -> None:
+    """Every attribute as a field of ``obj``, except those that would shadow
+    a field (they stay in the dictionaries only)."""
+    for key, value in attrs.items():
+        if key not in obj.__dict__ and not hasattr(type(obj), key):
+            setattr(obj, key, value)
+
+
+def _csc_edge_index(csc_ptr: Tensor, csc_src: Tensor,
+                    dst_ids: Tensor) -> Tensor:
+    """``[2, num_edges]`` ``(src, dst)`` ids of CSC-ordered in-edges of the
+    nodes ``dst_ids``."""
+    counts = csc_ptr[1:] - csc_ptr[:-1]
+    dst = torch.repeat_interleave(dst_ids, counts)
+    return torch.stack([csc_src, dst], dim=0)
+
+
 class Partition:
     r"""One part of a partitioned graph, as returned by
     :func:`load_partition`.
@@ -68,10 +85,7 @@ class Partition:
         self.edge_attr_names = list(edge_attrs)
         self.fingerprint = fingerprint
         self.manifest = manifest
-        for key, value in {**node_attrs, **edge_attrs}.items():
-            # Attributes that would shadow a field stay in the dictionaries.
-            if key not in self.__dict__ and not hasattr(type(self), key):
-                setattr(self, key, value)
+        _set_fields(self, {**node_attrs, **edge_attrs})
 
     @property
     def num_local_nodes(self) -> int:
@@ -85,9 +99,7 @@ class Partition:
     def edge_index(self) -> Tensor:
         r"""The local edges as :obj:`[2, num_local_edges]` global
         :obj:`(src, dst)` ids in CSC order."""
-        counts = self.csc_ptr[1:] - self.csc_ptr[:-1]
-        dst = torch.repeat_interleave(self.node_ids, counts)
-        return torch.stack([self.csc_src, dst], dim=0)
+        return _csc_edge_index(self.csc_ptr, self.csc_src, self.node_ids)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(rank={self.rank}/'
