@@ -38,6 +38,8 @@ import time
 from typing import List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
+sys.path.insert(0, HERE)
+from _common import write_results  # noqa: E402
 REPO = osp.dirname(HERE)
 GRAPHS = {'sage': 200_000, 'gat': 100_000}
 HIDDEN = {'sage': 256, 'gat': 128}
@@ -326,10 +328,7 @@ def main(args: argparse.Namespace) -> None:
                       part_dir=args.part_dir, cores=os.cpu_count(),
                       machine='shared 2-core CPU, 24 GiB, gloo',
                       rows=rows, targets=checks)
-        with open(osp.join(args.out, f'{name}.json'), 'w') as f:
-            json.dump(result, f, indent=1)
-        plot(rows, osp.join(args.out, f'{name}.png'))
-        print(f"wrote {osp.join(args.out, name)}.json/.png")
+        write_results(args.out, name, result, plot, rows)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)

@@ -34,9 +34,7 @@ import argparse
 import json
 import os
 import os.path as osp
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,37 +42,12 @@ import time
 from typing import Dict, List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
+sys.path.insert(0, HERE)
+from _common import (finish_worker, init_worker, measure_epochs,  # noqa: E402
+                     status_mib, write_results)
 MODELS = ('sage', 'gat', 'transformer', 'gen')
 # GAT and SAGE run on the SAR engine; TransformerConv and GENConv (learnable
 # softmax aggregation) over whole neighborhoods.
-
-
-# Memory probes ###############################################################
-
-def _maxrss_mib() -> float:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _status_mib(key: str) -> Optional[float]:
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith(key + ':'):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_hwm() -> bool:
-    """Resets the kernel's peak-RSS mark (VmHWM) of this process."""
-    try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-        return True
-    except OSError:
-        return False
 
 
 # Worker ######################################################################
@@ -126,19 +99,15 @@ def _layer_dims(net, model: str) -> List[dict]:
 
 def worker(args: argparse.Namespace) -> None:
     import torch
-    world_size = int(os.environ.get('WORLD_SIZE', '1'))
-    torch.set_num_threads(max(1, 2 // world_size))
-    from datetime import timedelta
 
     import pyg_sar
     from pyg_sar import comm
     from pyg_sar.train import GNN, distributed_loss
 
-    rank, world_size = pyg_sar.init_distributed(
-        backend='gloo', timeout=timedelta(seconds=args.timeout))
+    rank, world_size = init_worker(args.timeout)
     if args.pipeline_depth is not None:
         comm.configure(pipeline_depth=args.pipeline_depth)
-    rss_start = _status_mib('VmRSS')
+    rss_start = status_mib('VmRSS')
     torch.manual_seed(0)
     info: Dict = {}
     if args.impl == 'pyg':
@@ -181,50 +150,13 @@ def worker(args: argparse.Namespace) -> None:
         optimizer.step()
         return exchange
 
-    import gc
-    gc.collect()
-    comm.barrier()
-    # Memory of the first epoch, relative to the state right before it.
-    rss_before = _status_mib('VmRSS')
-    maxrss_before = _maxrss_mib()
-    hwm_reset = _reset_hwm()
-    comm.reset_comm_stats()
-    start = time.perf_counter()
-    epoch()
-    first_s = time.perf_counter() - start
-    maxrss_after = _maxrss_mib()
-    hwm_after = _status_mib('VmHWM') if hwm_reset else None
-
-    times, stats, exchanges = [], [], []
-    for _ in range(args.epochs):
-        comm.barrier()
-        comm.reset_comm_stats()
-        start = time.perf_counter()
-        exchange = epoch()
-        times.append(time.perf_counter() - start)
-        stats.append(comm.comm_stats())
-        exchanges.append(exchange)
+    measured = measure_epochs(epoch, args.epochs)
     result = dict(
         rank=rank, world_size=world_size, impl=args.impl, model=args.model,
         chunk_size=args.chunk_size, mode=args.mode,
-        threads=torch.get_num_threads(),
-        rss_start_mib=rss_start, rss_before_mib=rss_before,
-        maxrss_before_mib=maxrss_before, maxrss_after_mib=maxrss_after,
-        mem_delta_mib=maxrss_after - maxrss_before,
-        epoch_peak_over_rss_mib=(hwm_after - rss_before
-                                 if hwm_after is not None else None),
-        first_epoch_s=first_s, epoch_times_s=times,
-        epoch_s=statistics.median(times),
-        exchange_bytes_received=exchanges[-1]['bytes_received'],
-        exchange_bytes_sent=exchanges[-1]['bytes_sent'],
-        bytes_received=stats[-1]['bytes_received'],
-        bytes_sent=stats[-1]['bytes_sent'],
-        messages_sent=stats[-1]['messages_sent'], **info)
-    with open(args.result, 'w') as f:
-        json.dump(result, f)
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        threads=torch.get_num_threads(), rss_start_mib=rss_start,
+        **measured, **info)
+    finish_worker(result, args.result)
 
 
 # Driver ######################################################################
@@ -568,10 +500,7 @@ def main(args: argparse.Namespace) -> None:
             name += '_' + args.models.replace(',', '_')
         if not args.malloc_mmap_threshold:
             name += '_dynamic_malloc'
-        with open(osp.join(args.out, f'{name}.json'), 'w') as f:
-            json.dump(result, f, indent=1)
-        plot(rows, osp.join(args.out, f'{name}.png'))
-        print(f"wrote {osp.join(args.out, name)}.json/.png")
+        write_results(args.out, name, result, plot, rows)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)

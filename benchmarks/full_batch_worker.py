@@ -26,7 +26,9 @@ import os
 import resource
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
+
+from _common import reset_hwm, status_mib
 
 BYTES = 4  # float32
 
@@ -83,50 +85,29 @@ def floor_bytes(model: str, num_nodes: int, dims: List[dict]) -> int:
 
 # Probes ######################################################################
 
-def _status_mib(key: str) -> Optional[float]:
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith(key + ':'):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    """Resets the kernel's peak-RSS mark (VmHWM) of this process."""
-    try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-        return True
-    except OSError:
-        return False
-
-
 class _Peak:
     """The peak RSS since :meth:`start`, across resets of the kernel mark."""
 
     def start(self) -> None:
         gc.collect()
-        self.base = _status_mib('VmRSS')
-        self.resettable = _reset_peak()
+        self.base = status_mib('VmRSS')
+        self.resettable = reset_hwm()
         self.peak = self.base
         self.maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     def fold(self) -> float:
         """Folds the current mark in; returns the peak since the last
         reset (or since the start without resets)."""
-        hwm = _status_mib('VmHWM')
+        hwm = status_mib('VmHWM')
         self.peak = max(self.peak, hwm)
         return hwm
 
     def reset(self) -> float:
         self.fold()
         gc.collect()
-        rss = _status_mib('VmRSS')
+        rss = status_mib('VmRSS')
         if self.resettable:
-            _reset_peak()
+            reset_hwm()
         return rss
 
 
@@ -205,7 +186,7 @@ def run_worker(args) -> None:
         peak.start()
         # The README's snippet, line by line.
         graph = pyg_sar.DistGraph(part, mode='sar')
-        rss_graph = _status_mib('VmRSS')
+        rss_graph = status_mib('VmRSS')
         model = pyg_sar.nn.to_distributed(GNN(
             args.model, part.x.size(1), args.hidden, num_classes,
             num_layers=args.layers, heads=args.heads))

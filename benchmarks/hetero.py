@@ -49,7 +49,6 @@ import json
 import os
 import os.path as osp
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,8 @@ from typing import Dict, List
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
 import full_batch_legacy as fb  # noqa: E402  (torch-free at import: driver stays small)
+from _common import (finish_worker, init_worker, measure_epochs,  # noqa: E402
+                     status_mib, write_results)
 
 LABELLED = 'paper'
 LOSS_RTOL = 1e-4
@@ -103,20 +104,14 @@ def halo_bound(graph, in_channels: int, hidden: int) -> int:
 # Worker ######################################################################
 
 def worker(args: argparse.Namespace) -> None:
-    import gc
-    from datetime import timedelta
-
     import torch
     import torch.nn.functional as F
 
     import pyg_sar
     from pyg_sar import comm
 
-    world_size = int(os.environ.get('WORLD_SIZE', '1'))
-    torch.set_num_threads(max(1, 2 // world_size))
-    rank, world_size = pyg_sar.init_distributed(
-        backend='gloo', timeout=timedelta(seconds=args.timeout))
-    rss_start = fb._status_mib('VmRSS')
+    rank, world_size = init_worker(args.timeout)
+    rss_start = status_mib('VmRSS')
     with open(osp.join(args.work_dir, 'prepare.json')) as f:
         prep = json.load(f)
     graph_info = prep['graph']
@@ -165,49 +160,15 @@ def worker(args: argparse.Namespace) -> None:
         losses.append(float(loss.detach()))
         return exchange
 
-    gc.collect()
-    comm.barrier()
-    rss_before = fb._status_mib('VmRSS')
-    maxrss_before = fb._maxrss_mib()
-    hwm_reset = fb._reset_hwm()
-    comm.reset_comm_stats()
-    start = time.perf_counter()
-    epoch()
-    first_s = time.perf_counter() - start
-    maxrss_after = fb._maxrss_mib()
-    hwm_after = fb._status_mib('VmHWM') if hwm_reset else None
-
-    times, stats, exchanges = [], [], []
-    for _ in range(args.epochs):
-        comm.barrier()
-        comm.reset_comm_stats()
-        start = time.perf_counter()
-        exchange = epoch()
-        times.append(time.perf_counter() - start)
-        stats.append(comm.comm_stats())
-        exchanges.append(exchange)
+    measured = measure_epochs(epoch, args.epochs)
     # Every worker's loss is its share of the global mean: sum them.
     losses = comm.all_reduce(torch.tensor(losses, dtype=torch.float64))
     result = dict(
         rank=rank, world_size=world_size, impl=args.impl, model='sage',
         chunk_size=None, mode=args.mode, threads=torch.get_num_threads(),
-        rss_start_mib=rss_start, rss_before_mib=rss_before,
-        maxrss_before_mib=maxrss_before, maxrss_after_mib=maxrss_after,
-        mem_delta_mib=maxrss_after - maxrss_before,
-        epoch_peak_over_rss_mib=(hwm_after - rss_before
-                                 if hwm_after is not None else None),
-        first_epoch_s=first_s, epoch_times_s=times,
-        epoch_s=statistics.median(times), losses=losses.tolist(),
-        exchange_bytes_received=exchanges[-1]['bytes_received'],
-        exchange_bytes_sent=exchanges[-1]['bytes_sent'],
-        bytes_received=stats[-1]['bytes_received'],
-        bytes_sent=stats[-1]['bytes_sent'],
-        messages_sent=stats[-1]['messages_sent'], **info)
-    with open(args.result, 'w') as f:
-        json.dump(result, f)
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        rss_start_mib=rss_start, **measured, losses=losses.tolist(),
+        **info)
+    finish_worker(result, args.result)
 
 
 # Preparation (a subprocess: the driver imports neither torch nor the graph) ##
@@ -438,10 +399,7 @@ def main(args: argparse.Namespace) -> int:
             machine='shared 2-core CPU, no GPU', rows=rows,
             loss_checks=checks, memory_fall_1_to_max=fall)
         name = 'hetero_quick' if args.quick else 'hetero'
-        with open(osp.join(args.out, f'{name}.json'), 'w') as f:
-            json.dump(result, f, indent=1)
-        plot(rows, osp.join(args.out, f'{name}.png'))
-        print(f"wrote {osp.join(args.out, name)}.json/.png")
+        write_results(args.out, name, result, plot, rows)
         if not all(c['ok'] for c in checks):
             print(f'FAILED: a pyg_sar first-epoch loss differs from stock '
                   f'PyG\'s by more than {LOSS_RTOL:g} (relative)',

@@ -1,0 +1,127 @@
+"""What the full-batch benchmarks share: memory probes of a worker process,
+worker start-up, the measured epochs of a worker, and writing the results.
+
+Torch-free at import (drivers import it too); the worker helpers import
+torch and pyg_sar when called.
+"""
+from __future__ import annotations
+
+import json
+import os
+import os.path as osp
+import resource
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+
+# Memory probes ###############################################################
+
+def maxrss_mib() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def status_mib(key: str) -> Optional[float]:
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith(key + ':'):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_hwm() -> bool:
+    """Resets the kernel's peak-RSS mark (VmHWM) of this process."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
+# Worker ######################################################################
+
+def init_worker(timeout: float) -> Tuple[int, int]:
+    """Torch threads shared out over the 2 cores, then the gloo process
+    group; returns ``(rank, world_size)``."""
+    from datetime import timedelta
+
+    import torch
+
+    import pyg_sar
+    world_size = int(os.environ.get('WORLD_SIZE', '1'))
+    torch.set_num_threads(max(1, 2 // world_size))
+    return pyg_sar.init_distributed(backend='gloo',
+                                    timeout=timedelta(seconds=timeout))
+
+
+def measure_epochs(epoch: Callable[[], Dict[str, int]],
+                   epochs: int) -> Dict[str, Any]:
+    """Runs one epoch for memory (peak-RSS delta over the state right before
+    it, and the epoch's ``VmHWM`` over that RSS where the mark can be reset),
+    then ``epochs`` timed ones. ``epoch()`` returns the halo-exchange
+    ``comm_stats()``; the bytes reported are the last epoch's."""
+    import gc
+
+    from pyg_sar import comm
+    gc.collect()
+    comm.barrier()
+    # Memory of the first epoch, relative to the state right before it.
+    rss_before = status_mib('VmRSS')
+    maxrss_before = maxrss_mib()
+    hwm_reset = reset_hwm()
+    comm.reset_comm_stats()
+    start = time.perf_counter()
+    epoch()
+    first_s = time.perf_counter() - start
+    maxrss_after = maxrss_mib()
+    hwm_after = status_mib('VmHWM') if hwm_reset else None
+
+    times: List[float] = []
+    stats, exchanges = [], []
+    for _ in range(epochs):
+        comm.barrier()
+        comm.reset_comm_stats()
+        start = time.perf_counter()
+        exchange = epoch()
+        times.append(time.perf_counter() - start)
+        stats.append(comm.comm_stats())
+        exchanges.append(exchange)
+    return dict(
+        rss_before_mib=rss_before,
+        maxrss_before_mib=maxrss_before, maxrss_after_mib=maxrss_after,
+        mem_delta_mib=maxrss_after - maxrss_before,
+        epoch_peak_over_rss_mib=(hwm_after - rss_before
+                                 if hwm_after is not None else None),
+        first_epoch_s=first_s, epoch_times_s=times,
+        epoch_s=statistics.median(times),
+        exchange_bytes_received=exchanges[-1]['bytes_received'],
+        exchange_bytes_sent=exchanges[-1]['bytes_sent'],
+        bytes_received=stats[-1]['bytes_received'],
+        bytes_sent=stats[-1]['bytes_sent'],
+        messages_sent=stats[-1]['messages_sent'])
+
+
+def finish_worker(result: Dict[str, Any], path: str) -> None:
+    """Writes the worker's result and leaves the process group."""
+    with open(path, 'w') as f:
+        json.dump(result, f)
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# Driver ######################################################################
+
+def write_results(out: str, name: str, result: Dict[str, Any],
+                  plot: Callable[[List[dict], str], None],
+                  rows: List[dict]) -> None:
+    """``<out>/<name>.json`` and the plot ``<out>/<name>.png``."""
+    with open(osp.join(out, f'{name}.json'), 'w') as f:
+        json.dump(result, f, indent=1)
+    plot(rows, osp.join(out, f'{name}.png'))
+    print(f"wrote {osp.join(out, name)}.json/.png")
