@@ -19,10 +19,10 @@ from pyg_sar.exchange import RowPlan, fetch_rows, push_rows
 
 MODES = ('sar', 'sa', 'one_shot')
 __all__ = ['DistGraph', 'EdgeBlock', 'EdgeChunk', 'MODES', 'check_options',
-           'check_partition_set', 'resolve_device']
+           'check_partition_set', 'explicit_device']
 
 
-def resolve_device(device) -> torch.device:
+def explicit_device(device) -> torch.device:
     """``device`` with its index made explicit (``'cuda'`` is the current
     GPU, ``cuda:N``), so that it compares equal to the device tensors
     report."""
@@ -111,7 +111,7 @@ class DistGraph:
         self.chunk_size = chunk_size
         self.rank = int(part.rank)
         self.world_size = int(part.num_parts)
-        self._check_world(part)
+        check_partition_set(part, (int(part.num_nodes), int(part.num_edges)))
         comm.ensure_channels()
         # Input-graph id of every local node (link prediction: global_ids).
         self.orig_ids = part.orig_ids
@@ -194,7 +194,7 @@ class DistGraph:
         chunk CSRs) are dropped and rebuilt on the new device when next
         used; the transposed graph of ``flow='target_to_source'`` moves
         along. Local: no communication."""
-        device = resolve_device(device)
+        device = explicit_device(device)
         if device == self.device:
             return self
 
@@ -223,9 +223,6 @@ class DistGraph:
         return self
 
     # Set-up ##################################################################
-
-    def _check_world(self, part) -> None:
-        check_partition_set(part, (int(part.num_nodes), int(part.num_edges)))
 
     def _build_plan(self, src_global: Tensor, dst: Tensor) -> None:
         p, P = self.rank, self.world_size

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from pyg_sar import comm
 from pyg_sar.graph import (DistGraph, check_options, check_partition_set,
-                           resolve_device)
+                           explicit_device)
 
 EdgeType = Tuple[str, str, str]
 
@@ -166,7 +166,7 @@ class HeteroDistGraph(Mapping):
     def to(self, device) -> 'HeteroDistGraph':
         """Moves every relation's index tensors to ``device`` in place (see
         :meth:`DistGraph.to`) and returns the graph."""
-        device = resolve_device(device)
+        device = explicit_device(device)
         self._merged = {}
         for g in self._relations.values():
             g.to(device)

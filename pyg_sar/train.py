@@ -27,6 +27,7 @@ from torch import Tensor
 
 from pyg_sar import comm
 from pyg_sar.cli import register_command
+from pyg_sar.graph import explicit_device
 from pyg_sar.nn.functional import relu_dropout
 
 MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
@@ -138,9 +139,7 @@ def resolve_device(device: str = 'auto') -> torch.device:
                          f"'auto', 'cpu' or 'cuda[:N]')") from e
     if out.type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: CUDA is not available here")
-    if out.type == 'cuda' and out.index is None:
-        out = torch.device('cuda', torch.cuda.current_device())
-    return out
+    return explicit_device(out)
 
 
 class _StartupLog:

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from pyg_sar.graph import EdgeChunk
-from pyg_sar.nn.engine.sparse import csr_into, csr_matmul
+from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul,
+                                       sparse_kernels_fit)
 
 # PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
 _SOFTMAX_EPS = 1e-16
@@ -138,7 +139,7 @@ class AttentionMixin:
         # sampled_addmm fails on patterns with more entries than the dense
         # block has cells (duplicate edges in a small chunk): gather those
         # per edge instead.
-        dense_ok = chunk.num_edges <= (hi - lo) * num_src
+        dense_ok = sparse_kernels_fit(chunk.num_edges, (hi - lo, num_src))
         if dense_ok:
             pattern = torch.sparse_csr_tensor(
                 crow, col, score.new_zeros(chunk.num_edges),

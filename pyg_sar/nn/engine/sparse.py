@@ -17,15 +17,22 @@ warnings.filterwarnings('ignore', '.*Sparse CSR tensor support is in beta.*')
 warnings.filterwarnings('ignore', '.*Sparse invariant checks are implicitly.*')
 
 
+def sparse_kernels_fit(num_entries: int, shape) -> bool:
+    """Whether torch's sparse kernels (cuSPARSE, ``sampled_addmm``) accept
+    a pattern: they refuse one with more entries than the matrix has cells,
+    which duplicate edges give a small chunk."""
+    return num_entries <= shape[0] * shape[1]
+
+
 def csr_matmul(crow: Tensor, col: Tensor, values: Tensor, shape,
                dense: Tensor) -> Tensor:
     """``(CSR matrix) @ dense``. A pattern with more entries than the matrix
     has cells (duplicate edges in a small chunk) is refused by cuSPARSE and
     some CPU kernels; such chunks are tiny, and are summed by ``index_add``
     instead."""
-    rows, cols = shape
-    if col.numel() <= rows * cols:
+    if sparse_kernels_fit(col.numel(), shape):
         return torch.sparse_csr_tensor(crow, col, values, shape) @ dense
+    rows = shape[0]
     row = torch.repeat_interleave(torch.arange(rows, device=col.device),
                                   crow[1:] - crow[:-1],
                                   output_size=col.numel())
@@ -39,8 +46,7 @@ def csr_into(out: Tensor, crow: Tensor, col: Tensor, values: Tensor, shape,
     """``out (+)= (CSR matrix) @ dense``, in place where the kernels allow
     (:func:`_spmm_into`), through :func:`csr_matmul`'s fallback where the
     pattern has more entries than cells."""
-    rows, cols = shape
-    if col.numel() <= rows * cols:
+    if sparse_kernels_fit(col.numel(), shape):
         _spmm_into(out, torch.sparse_csr_tensor(crow, col, values, shape),
                    dense, accumulate)
     elif accumulate:
