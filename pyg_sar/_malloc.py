@@ -29,6 +29,7 @@ another threshold. Elsewhere than glibc it does nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import ctypes.util
 import os
 from typing import Optional
@@ -40,6 +41,7 @@ _configured: Optional[bool] = None
 MMAP_THRESHOLD = 4 << 20
 
 
+@functools.lru_cache(maxsize=None)
 def _libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
@@ -88,3 +90,13 @@ def release_free_memory() -> bool:
     if libc is None or not hasattr(libc, 'malloc_trim'):
         return False
     return bool(libc.malloc_trim(0))
+
+
+def trim_heap() -> None:
+    """:func:`release_free_memory` where the worker's allocator policy is in
+    effect (:func:`configure_allocator`): the SAR engine calls it after each
+    propagation's forward and backward, so the freed per-chunk temporaries
+    of one layer (below the mmap threshold, hence from the heap) are not
+    still resident at the peak of another."""
+    if _configured:
+        release_free_memory()

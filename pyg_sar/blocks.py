@@ -25,6 +25,9 @@ class EdgeChunk:
     edge_pos: Tensor
     row_start: int
     row_end: int
+    # Whether csr() keeps its row pointer (a halo slice's chunk spans most
+    # destination rows with few edges: its pointer is rebuilt per use).
+    cache_csr: bool = True
     _csr: Optional[Tuple[Tensor, Tensor]] = None
     _csr_t: Optional[Tuple[Tensor, Tensor, Tensor]] = None
 
@@ -35,14 +38,16 @@ class EdgeChunk:
     def csr(self) -> Tuple[Tensor, Tensor]:
         """``(crow, col)`` of the chunk's rows (destinations) over the block's
         source table; values are in edge order."""
-        if self._csr is None:
-            rows = self.dst - self.row_start
-            crow = torch.zeros(self.row_end - self.row_start + 1,
-                               dtype=torch.long, device=self.dst.device)
-            crow[1:] = torch.bincount(
-                rows, minlength=self.row_end - self.row_start).cumsum(0)
+        if self._csr is not None:
+            return self._csr
+        rows = self.dst - self.row_start
+        crow = torch.zeros(self.row_end - self.row_start + 1,
+                           dtype=torch.long, device=self.dst.device)
+        crow[1:] = torch.bincount(
+            rows, minlength=self.row_end - self.row_start).cumsum(0)
+        if self.cache_csr:
             self._csr = (crow, self.src)
-        return self._csr
+        return crow, self.src
 
     def csr_transposed(self, num_src: int) -> Tuple[Tensor, Tensor, Tensor]:
         """``(crow, col, perm)`` of the transposed chunk: rows are sources,
@@ -74,17 +79,29 @@ class EdgeBlock:
     local node set, for a remote block the rows ``DistGraph.recv_ids[peer]``
     fetched from the peer. ``src`` indexes that table, ``dst`` is the local
     destination and ``edge_pos`` the position in the graph's edge order.
+
+    A halo slice (:meth:`sliced`) is the block of the edges whose sources
+    are rows ``[row_offset, row_offset + num_src)`` of its parent's table;
+    ``key`` tells the blocks of one propagation apart: ``(peer, slice)``.
     """
 
     def __init__(self, peer: int, num_src: int, src: Tensor, dst: Tensor,
                  edge_pos: Tensor, num_nodes: int,
-                 chunk_size: Optional[int]) -> None:
+                 chunk_size: Optional[int], row_offset: int = 0,
+                 slice_index: int = 0) -> None:
         self.peer = peer
         self.num_src = num_src
         self.src, self.dst, self.edge_pos = src, dst, edge_pos
         self.num_nodes = num_nodes
         self.chunk_size = chunk_size
+        self.row_offset, self.slice_index = row_offset, slice_index
+        self.is_slice = False
         self._chunks: Dict[Optional[int], List[EdgeChunk]] = {}
+        self._slices: Dict[int, List['EdgeBlock']] = {}
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        return self.peer, self.slice_index
 
     @property
     def num_edges(self) -> int:
@@ -100,13 +117,43 @@ class EdgeBlock:
         cached, so forward and backward see the same cut."""
         if max_edges not in self._chunks:
             self._chunks[max_edges] = _make_chunks(
-                self.src, self.dst, self.edge_pos, max_edges, self.num_nodes)
+                self.src, self.dst, self.edge_pos, max_edges, self.num_nodes,
+                cache_csr=not self.is_slice)
         return self._chunks[max_edges]
+
+    def sliced(self, rows: Optional[int]) -> List['EdgeBlock']:
+        """The block cut by source rows into ``ceil(num_src / rows)`` halo
+        slices (``None``, or a table of at most ``rows`` rows: the block
+        itself), each still sorted by destination; cached. A worker then
+        holds one slice of a peer's rows at a time, not the whole table.
+        A slice may have no edges (a view that dropped them); it is still
+        exchanged, as the peer cannot know."""
+        if rows is None or self.num_src <= rows:
+            return [self]
+        if rows not in self._slices:
+            count = -(-self.num_src // rows)
+            which = torch.div(self.src, rows, rounding_mode='floor')
+            # A stable sort keeps each slice sorted by destination.
+            order = torch.argsort(which, stable=True)
+            sizes = torch.bincount(which, minlength=count).tolist()
+            slices, start = [], 0
+            for s, size in enumerate(sizes):
+                sel = order[start:start + size]
+                start += size
+                piece = EdgeBlock(
+                    self.peer, min(rows, self.num_src - s * rows),
+                    self.src[sel] - s * rows, self.dst[sel],
+                    self.edge_pos[sel], self.num_nodes, self.chunk_size,
+                    row_offset=s * rows, slice_index=s)
+                piece.is_slice = True
+                slices.append(piece)
+            self._slices[rows] = slices
+        return self._slices[rows]
 
 
 def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
-                 chunk_size: Optional[int],
-                 num_nodes: int) -> List[EdgeChunk]:
+                 chunk_size: Optional[int], num_nodes: int,
+                 cache_csr: bool = True) -> List[EdgeChunk]:
     """Cuts destination-sorted edges into chunks of at most ``chunk_size``."""
     num_edges = src.numel()
     if chunk_size is None or num_edges <= chunk_size:
@@ -121,5 +168,5 @@ def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
         else:
             row_start, row_end = 0, num_nodes
         chunks.append(EdgeChunk(src[lo:hi], d, edge_pos[lo:hi], row_start,
-                                row_end))
+                                row_end, cache_csr))
     return chunks

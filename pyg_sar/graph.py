@@ -337,16 +337,23 @@ class DistGraph:
             self._source_cache[cache_key] = out
         return out
 
-    def post_row_exchange(self, tensors: List[Tensor], send_to,
-                          recv_from) -> comm.PendingExchange:
+    def post_row_exchange(self, tensors: List[Tensor], send_to, recv_from,
+                          send_rows: Optional[Tuple[int, int]] = None,
+                          recv_rows: Optional[Tuple[int, int]] = None
+                          ) -> comm.PendingExchange:
         """Posts the plan's row exchange for per-node ``tensors``: to each
         peer in ``send_to`` the rows ``send_ids[peer]``, and from each peer in
         ``recv_from`` the rows ``recv_ids[peer]`` of its tensors (same row
-        shape and dtype). Peers without rows in the plan are skipped."""
-        sends = {q: [t[self.send_ids[q]] for t in tensors]
+        shape and dtype). Peers without rows in the plan are skipped.
+        ``send_rows`` / ``recv_rows`` (``(start, stop)``) exchange only that
+        range of those lists (a halo slice)."""
+        def ids(table: Dict[int, Tensor], q: int, rows) -> Tensor:
+            return table[q] if rows is None else table[q][rows[0]:rows[1]]
+
+        sends = {q: [t[ids(self.send_ids, q, send_rows)] for t in tensors]
                  for q in send_to if q in self.send_ids}
-        shapes = {q: [((int(self.recv_ids[q].numel()), *t.shape[1:]),
-                       t.dtype) for t in tensors]
+        shapes = {q: [((int(ids(self.recv_ids, q, recv_rows).numel()),
+                        *t.shape[1:]), t.dtype) for t in tensors]
                   for q in recv_from if q in self.recv_ids}
         return comm.post_exchange(sends, shapes, tensors[0].device)
 

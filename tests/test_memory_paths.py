@@ -39,11 +39,11 @@ def test_relu_dropout_without_grad_or_training():
     assert torch.equal(a, F.dropout(F.relu(x), 0.5))
 
 
-def _sage_outputs(rank, world_size, root, transform_first):
+def _sage_outputs(rank, world_size, root, transform_first, options, mode):
     part = pyg_sar.load_partition(root, rank)
-    graph = pyg_sar.DistGraph(part)
+    graph = pyg_sar.DistGraph(part, mode=mode)
     torch.manual_seed(0)
-    stock = PygSAGEConv(6, 3)
+    stock = PygSAGEConv(6, 3, **options)
     stock.transform_first = transform_first
     conv = pyg_sar.nn.to_distributed(torch.nn.Sequential(stock))[0]
     assert conv.transform_first is transform_first
@@ -54,17 +54,28 @@ def _sage_outputs(rank, world_size, root, transform_first):
             {n: p.grad for n, p in conv.named_parameters()})
 
 
-@pytest.mark.parametrize('world_size', [1, 3])
-def test_sage_transform_first_matches_pyg(tmp_path, world_size):
+# transform_first adds the aggregate into the root term's memory (add_to):
+# with and without a root term and a bias, mean and sum, every mode.
+SAGE_OPTIONS = [(1, {}, 'sar'), (3, {}, 'sar'), (3, {}, 'sa'),
+                (3, {}, 'one_shot'), (3, dict(aggr='sum'), 'sar'),
+                (3, dict(root_weight=False), 'sar'),
+                (3, dict(bias=False), 'sar'),
+                (2, dict(aggr='sum', root_weight=False, bias=False), 'sar')]
+
+
+@pytest.mark.parametrize('world_size,options,mode', SAGE_OPTIONS)
+def test_sage_transform_first_matches_pyg(tmp_path, world_size, options,
+                                          mode):
     data = hard_graph()
     root = str(tmp_path / 'parts')
     pyg_sar.partition_graph(data, world_size, root)
     torch.manual_seed(0)
-    ref = PygSAGEConv(6, 3)
+    ref = PygSAGEConv(6, 3, **options)
     x = data.x.clone().requires_grad_()
     expected = ref(x, data.edge_index)
     (expected * torch.arange(3.)).sum().backward()
-    results = run_workers(_sage_outputs, world_size, root, True)
+    results = run_workers(_sage_outputs, world_size, root, True, options,
+                          mode)
     grads = {}
     for ids, out, x_grad, param_grads in results:
         torch.testing.assert_close(out, expected[ids].detach(), rtol=1e-4,
@@ -75,6 +86,63 @@ def test_sage_transform_first_matches_pyg(tmp_path, world_size):
             grads[name] = g if name not in grads else grads[name] + g
     for name, p in ref.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5)
+
+
+class _Linear(pyg_sar.nn.DistMessagePassing):
+    linear_message = True
+
+    def message(self, x_j):
+        return x_j
+
+
+class _General(pyg_sar.nn.DistMessagePassing):
+    def message(self, x_j):
+        return x_j * 2.0
+
+
+def _add_to_results(rank, world_size, root):
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part)
+    results = {}
+    for name, conv in (('linear', _Linear(aggr='mean')),
+                       ('general', _General(aggr='sum'))):
+        x = part.x.clone().requires_grad_()
+        base = part.x[:, :6].flip(1).clone().requires_grad_()  # a leaf
+        kept = base.detach().clone()
+        out = conv.propagate(graph, x=x, add_to=base)
+        (out * torch.arange(6.)).sum().backward()
+        assert torch.equal(base.detach(), kept)  # a leaf is not written
+        root_term = base * 3.0  # not a leaf: added in place on 'linear'
+        out2 = conv.propagate(graph, x=x, add_to=root_term)
+        results[name] = (out.detach(), x.grad, base.grad,
+                         out2.detach() - 2.0 * kept - out.detach())
+    return part.orig_ids, results
+
+
+def test_propagate_add_to_is_the_sum(tmp_path):
+    data = hard_graph()
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, 3, root)
+    results = run_workers(_add_to_results, 3, root)
+    for name, aggr, scale in (('linear', 'mean', 1.0),
+                              ('general', 'sum', 2.0)):
+        x = data.x.clone().requires_grad_()
+        base = data.x[:, :6].flip(1).clone().requires_grad_()
+        from torch_geometric.utils import scatter
+        src, dst = data.edge_index
+        agg = scatter(x[src] * scale, dst, 0, dim_size=data.num_nodes,
+                      reduce=aggr)
+        expected = base + agg
+        (expected * torch.arange(6.)).sum().backward()
+        for ids, got in results:
+            out, x_grad, base_grad, diff = got[name]
+            torch.testing.assert_close(out, expected[ids].detach(),
+                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(x_grad, x.grad[ids], rtol=1e-5,
+                                       atol=1e-5)
+            torch.testing.assert_close(base_grad, base.grad[ids])
+            torch.testing.assert_close(diff, torch.zeros_like(diff),
+                                       rtol=0, atol=1e-5)
 
 
 def test_gnn_marks_sage_for_transform_first():

@@ -29,11 +29,18 @@ class CommConfig:
             blocks are cut into edge chunks that fit, even without a
             ``chunk_size``. Linear layers run as sparse products and need
             none.
+        halo_slice_bytes: The SAR engine fetches a peer's source rows (and
+            returns their gradients) in slices of at most about this many
+            bytes, each aggregated before the next arrives, so the halo
+            memory in flight stays a few slices whatever the partition's
+            cut (0: one exchange per peer). Every rank must use the same
+            value.
     """
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024
     pipeline_depth: int = 1
     edge_memory_budget: int = 16 * 1024 * 1024
+    halo_slice_bytes: int = 4 * 1024 * 1024
 
 
 _CONFIG = CommConfig()
@@ -70,14 +77,16 @@ def config() -> CommConfig:
 def configure(timeout: Optional[timedelta] = None,
               max_bytes_per_message: Optional[int] = None,
               pipeline_depth: Optional[int] = None,
-              edge_memory_budget: Optional[int] = None) -> CommConfig:
+              edge_memory_budget: Optional[int] = None,
+              halo_slice_bytes: Optional[int] = None) -> CommConfig:
     """Changes the settings of :class:`CommConfig`; ``None`` keeps one."""
     if timeout is not None:
         _CONFIG.timeout = timeout
     for name, value, minimum in (
             ('max_bytes_per_message', max_bytes_per_message, 1),
             ('pipeline_depth', pipeline_depth, 0),
-            ('edge_memory_budget', edge_memory_budget, 1)):
+            ('edge_memory_budget', edge_memory_budget, 1),
+            ('halo_slice_bytes', halo_slice_bytes, 0)):
         if value is None:
             continue
         if value < minimum:

@@ -1,5 +1,10 @@
-"""Activation helpers that keep less for backward than their stock
-composition.
+"""Layer helpers that keep less for backward, or hold fewer node-sized
+temporaries, than their stock composition.
+
+:func:`add_linear_` adds a linear map of ``x`` into a fresh output in one
+product (``addmm_``): ``out + lin(x)`` first materializes ``lin(x)`` next to
+``out`` and their sum, three node-sized tensors at once; the fused product
+holds one.
 
 ``F.dropout(F.relu(x))`` keeps three node-sized tensors alive until
 backward: the ReLU output (for ReLU's gradient), the float dropout noise
@@ -15,6 +20,29 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
+from torch_geometric.nn.dense.linear import Linear as PyGLinear
+
+# Linear modules whose forward is exactly x @ W^T + b (a subclass that
+# overrides forward goes through its own forward).
+_PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
+_MASK_SLICE = 1 << 20  # elements per slice of relu_dropout's backward mask
+
+
+def add_linear_(out: Tensor, x: Tensor, lin) -> Tensor:
+    """``out += lin(x)`` in place for a PyG or torch ``Linear`` ``lin``, in
+    one ``addmm_`` where ``out`` and ``x`` are matrices and ``lin`` is
+    initialized (else ``out + lin(x)``). ``out`` must be a fresh result of
+    the caller's (autograd refuses the in-place add at backward if anything
+    saved it)."""
+    weight = getattr(lin, 'weight', None)
+    if (out.dim() == 2 and x.dim() == 2 and isinstance(weight, Tensor)
+            and not isinstance(weight, UninitializedParameter)
+            and type(lin).forward in _PLAIN_FORWARDS
+            and out.dtype == x.dtype == weight.dtype):
+        out = out.addmm_(x, weight.t())
+        return out if lin.bias is None else out.add_(lin.bias)
+    return out + lin(x)
 
 
 class _ReLUDropout(torch.autograd.Function):
@@ -27,18 +55,26 @@ class _ReLUDropout(torch.autograd.Function):
         # then divided in place by 1 - p; same generator calls, same values.
         noise = torch.empty_like(x).bernoulli_(1 - p)
         noise.div_(1 - p)
-        out = x.clamp_min(0).mul_(noise)
+        # relu(x) * n == relu(x * n) for the noise n >= 0, computed in the
+        # noise's buffer: one node-sized temporary besides x, not two.
+        out = noise.mul_(x).clamp_min_(0)
         scale = torch.ones((), dtype=x.dtype, device=x.device).div_(1 - p)
-        del noise
         ctx.save_for_backward(out, scale)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         out, scale = ctx.saved_tensors
-        # out > 0 exactly where x > 0 and the unit was kept.
-        # One node-sized temporary (plus a byte mask), as threshold_backward.
-        return (grad * scale).masked_fill_(out <= 0, 0), None
+        # out > 0 exactly where x > 0 and the unit was kept. One node-sized
+        # result; the byte mask is built a slice at a time (a whole one is
+        # a quarter of a float tensor more at the backward's peak).
+        result = torch.empty_like(out, memory_format=torch.contiguous_format)
+        torch.mul(grad, scale, out=result)
+        flat, kept = result.view(-1), out.reshape(-1)
+        for start in range(0, flat.numel(), _MASK_SLICE):
+            stop = start + _MASK_SLICE
+            flat[start:stop].masked_fill_(kept[start:stop] <= 0, 0)
+        return result, None
 
 
 def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

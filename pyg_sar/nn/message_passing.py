@@ -80,8 +80,16 @@ class DistMessagePassing(MessagePassing):
         # replacing ours; distributed propagation is not template-generated.
         pass
 
-    def propagate(self, graph: DistGraph, size=None, **kwargs: Any) -> Tensor:
-        """Aggregates messages into every local node (see class docs)."""
+    def propagate(self, graph: DistGraph, size=None, add_to: Optional[Tensor]
+                  = None, **kwargs: Any) -> Tensor:
+        """Aggregates messages into every local node (see class docs).
+
+        ``add_to`` (a pyg_sar extension; a node-sized tensor shaped like the
+        result): returns ``add_to + propagate(...)``. On the engine's sparse
+        linear path (sum or mean of ``w_e * x_j``, the default ``update``)
+        the aggregate is accumulated into ``add_to``'s memory, so a layer's
+        root term and its aggregate need one node-sized buffer, not three;
+        elsewhere it is the plain sum."""
         if not isinstance(graph, DistGraph):
             raise TypeError(f"{type(self).__name__}.propagate expects a "
                             f"pyg_sar.DistGraph as first argument (got "
@@ -95,7 +103,11 @@ class DistMessagePassing(MessagePassing):
             _check_layer_wise(self, reason)
             graph = layer_wise.step(self, graph)
         if reason is None:
-            return self.update(engine.propagate(self, graph, kwargs))
+            if add_to is not None and layer_wise is None and \
+                    type(self).update is DistMessagePassing.update:
+                return engine.propagate(self, graph, kwargs, add_to=add_to)
+            out = self.update(engine.propagate(self, graph, kwargs))
+            return out if add_to is None else add_to + out
         if self.attention:
             raise ValueError(f"{type(self).__name__} (attention = True) "
                              f"does not support {reason} over a DistGraph")
@@ -104,7 +116,8 @@ class DistMessagePassing(MessagePassing):
                              f"supported on a bipartite relation graph "
                              f"(source and destination types differ)")
         log_once(self, reason)
-        return propagate_on_graph(self, graph, kwargs)
+        out = propagate_on_graph(self, graph, kwargs)
+        return out if add_to is None else add_to + out
 
     def edge_updater(self, graph: DistGraph, size=None, **kwargs: Any):
         """PyG's ``edge_updater`` over a :class:`DistGraph`: per-edge

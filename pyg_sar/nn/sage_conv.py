@@ -6,6 +6,7 @@ from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.dense.linear import Linear
 
 from pyg_sar.graph import DistGraph
+from pyg_sar.nn.functional import add_linear_
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -65,20 +66,25 @@ class SAGEConv(DistMessagePassing):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         if self.project:
             x_src = self.lin(x_src).relu()
-        # The root term first: autograd then runs its backward after the
-        # propagation's, so their node-sized gradients are not alive at once.
-        root = self.lin_r(x_dst) if self.root_weight else None
         if self._transform_first(x_src):
-            # W mean_j x_j + b == mean_j (W x_j) + b: aggregating the
-            # narrower side moves and multiplies fewer columns, and no
-            # aggregate of x is kept for lin_l's backward (x itself is).
-            out = self.propagate(graph, x=F.linear(x_src, self.lin_l.weight))
-            if self.lin_l.bias is not None:
-                out = out + self.lin_l.bias
+            # W_l mean_j x_j + b + W_r x_i == mean_j (W_l x_j) + (W_r x_i + b):
+            # aggregating the narrower side moves and multiplies fewer
+            # columns, no aggregate of x is kept for lin_l's backward (x
+            # itself is), and the propagation adds into the root term's
+            # memory (add_to): one node-sized output buffer in all.
+            bias = self.lin_l.bias
+            root = None
+            if self.root_weight:
+                root = F.linear(x_dst, self.lin_r.weight, bias)
+                bias = None
+            out = self.propagate(graph, x=F.linear(x_src, self.lin_l.weight),
+                                 add_to=root)
+            if bias is not None:
+                out = out + bias
         else:
             out = self.lin_l(self.propagate(graph, x=x_src))
-        if root is not None:
-            out = out + root
+            if self.root_weight:
+                out = add_linear_(out, x_dst, self.lin_r)
         if self.normalize:
             out = F.normalize(out, p=2., dim=-1)
         return out

@@ -4,7 +4,7 @@ with replayable dropout, and its FlashAttention-style backward. Values that
 are plain source rows are aggregated with one sparse product per head."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -46,7 +46,7 @@ class AttentionMixin:
                 if chunk.num_edges == 0:
                     continue
                 if keep:
-                    kept.append((block.peer, chunk, c_idx, made, outputs,
+                    kept.append((block.key, chunk, c_idx, made, outputs,
                                  heads))
                 score = score.detach()
                 lo, hi = chunk.row_start, chunk.row_end
@@ -61,7 +61,7 @@ class AttentionMixin:
                 weight = torch.exp(score - new_max.gather(0, idx))
                 run_sum[lo:hi] = run_sum[lo:hi] * scale + torch.zeros_like(
                     old_max).scatter_add_(0, idx, weight)
-                weight = weight * self._dropout_mask(block.peer, c_idx,
+                weight = weight * self._dropout_mask(block.key, c_idx,
                                                      weight)
                 part = out[lo:hi]  # a view: updated in place
                 part.mul_(scale.unsqueeze(-1))
@@ -98,29 +98,32 @@ class AttentionMixin:
             part[:, h] += csr_matmul(crow, col, weight[:, h].contiguous(),
                                      shape, heads[h])
 
-    def _dropout_mask(self, peer: int, c_idx: int, like: Tensor):
+    def _dropout_mask(self, key: Tuple[int, int], c_idx: int, like: Tensor):
         """Attention dropout, replayable: the mask of a chunk depends only on
-        the call's seed and the chunk's position."""
+        the call's seed and the chunk's position (block ``key`` and chunk
+        index)."""
         p = self.plan.dropout
         if p <= 0:
             return 1.0
         gen = torch.Generator(device=like.device)
-        gen.manual_seed((self.plan.seed * 1000003 + peer * 7919 + c_idx)
-                        % (2**62))
+        peer, piece = key
+        gen.manual_seed((self.plan.seed * 1000003 + peer * 7919 +
+                         piece * 104729 + c_idx) % (2**62))
         keep = torch.rand(like.shape, generator=gen, device=like.device,
                           dtype=like.dtype) >= p
         return keep.to(like.dtype) / (1.0 - p)
 
-    def _probabilities(self, peer: int, chunk: EdgeChunk, c_idx: int,
+    def _probabilities(self, key: Tuple[int, int], chunk: EdgeChunk,
+                       c_idx: int,
                        score: Tensor):
         """The chunk's softmax probabilities, recomputed from the saved
         per-destination max and sum, and its replayed dropout mask."""
         m = self.state['run_max'].index_select(0, chunk.dst)
         s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
         prob = torch.exp(score.detach() - m) / s
-        return prob, self._dropout_mask(peer, c_idx, prob)
+        return prob, self._dropout_mask(key, c_idx, prob)
 
-    def _sparse_attention_grads(self, peer: int, chunk: EdgeChunk,
+    def _sparse_attention_grads(self, key: Tuple[int, int], chunk: EdgeChunk,
                                 c_idx: int, score: Tensor, grad_out: Tensor,
                                 delta: Tensor, heads: Tensor,
                                 value_grad: Optional[Tensor]):
@@ -128,7 +131,7 @@ class AttentionMixin:
         value gradient ``A_h^T (p z) dO_h`` and the per-edge products
         ``dO_i . v_j`` (sampled dense-dense products) are taken per head on
         the chunk's sparsity pattern; only ``[E, H]`` tensors are built."""
-        prob, mask = self._probabilities(peer, chunk, c_idx, score)
+        prob, mask = self._probabilities(key, chunk, c_idx, score)
         weighted = prob * mask
         num_src = heads.shape[1]
         lo, hi = chunk.row_start, chunk.row_end
@@ -169,13 +172,14 @@ class AttentionMixin:
             buf = self.state['head_buffer'] = like.new_empty(rows * cols)
         return buf[:rows * cols].view(rows, cols)
 
-    def _attention_grads(self, peer: int, chunk: EdgeChunk, c_idx: int,
+    def _attention_grads(self, key: Tuple[int, int], chunk: EdgeChunk,
+                         c_idx: int,
                          outputs, grad_out: Tensor, delta: Tensor):
         """FlashAttention-style gradients of one chunk from the saved
         per-destination max and sum: ``dv = p z dO`` and
         ``da = p (z dO.v - D)`` with ``D = dO.out`` and dropout mask ``z``."""
         score, value = outputs
-        prob, mask = self._probabilities(peer, chunk, c_idx, score)
+        prob, mask = self._probabilities(key, chunk, c_idx, score)
         g_rows = grad_out.index_select(0, chunk.dst)
         grad_value = (prob * mask).unsqueeze(-1) * g_rows
         dot = (g_rows * value.detach()).sum(-1)

@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pyg_sar import comm
+from pyg_sar._malloc import trim_heap
 from pyg_sar.graph import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.attention import AttentionMixin
 from pyg_sar.nn.engine.messages import MessageMixin
@@ -46,7 +47,13 @@ class SARFunction(torch.autograd.Function):
     def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
         runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
         ctx.runner, ctx.layer = runner, plan.module
-        return runner.forward()
+        out = runner.forward()
+        trim_heap()
+        if plan.init_slot is not None:
+            # The aggregate was added into this input's memory.
+            out = tensors[plan.init_slot]
+            ctx.mark_dirty(out)
+        return out
 
     @staticmethod
     @once_differentiable
@@ -59,7 +66,10 @@ class SARFunction(torch.autograd.Function):
                 f"(retain_graph=True) is not supported: the SAR engine frees "
                 f"its state after the first backward; run the forward again")
         ctx.runner = None
-        return (None, *runner.backward(grad_out.contiguous()))
+        grads = runner.backward(grad_out.contiguous())
+        del runner
+        trim_heap()
+        return (None, *grads)
 
 
 class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
@@ -167,6 +177,8 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         # Filled by the first block's gradient itself (no zeros plus it).
         self.src_grads: List[Optional[Tensor]] = [None] * len(
             self.source_meta)
+        if self.plan.init_slot is not None:
+            self._add(self.plan.init_slot, grad_out)  # d(add_to + A x)
         if self.plan.kind == 'spmm':
             self._route(self._spmm_block_grad(grad_out))
         else:
@@ -209,9 +221,9 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         """Recompute (or reuse) each chunk's messages, then backpropagate the
         analytic gradient of the aggregation through them."""
         plan = self.plan
-        kept_by_peer: Dict[int, list] = {}
-        for peer, *item in self.state.get('kept', []):
-            kept_by_peer.setdefault(peer, []).append(item)
+        kept_by_block: Dict[tuple, list] = {}
+        for key, *item in self.state.get('kept', []):
+            kept_by_block.setdefault(key, []).append(item)
         params = ([] if plan.kind == 'linear' else
                   [p for p in self.params.values() if p.requires_grad])
         param_grads: Dict[int, Tensor] = {}
@@ -220,7 +232,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         delta = ((grad_out * self.state['out']).sum(-1)
                  if plan.kind == 'attention' else None)
 
-        def chunk_grads(peer, chunk, c_idx, tables, made, outputs,
+        def chunk_grads(key, chunk, c_idx, tables, made, outputs,
                         acc: List[Tensor], heads: Optional[Tensor]) -> None:
             if outputs is None:
                 outputs, made = self._compute(chunk, tables, grad=True)
@@ -228,11 +240,11 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
                 if heads is not None:
                     k = self.src_names.index(plan.value_source)
                     grad_outputs = self._sparse_attention_grads(
-                        peer, chunk, c_idx, outputs[0], grad_out, delta,
+                        key, chunk, c_idx, outputs[0], grad_out, delta,
                         heads, acc[k] if self.any_src_grad else None)
                 elif plan.kind == 'attention':
                     grad_outputs = self._attention_grads(
-                        peer, chunk, c_idx, outputs, grad_out, delta)
+                        key, chunk, c_idx, outputs, grad_out, delta)
                 else:
                     grad_outputs = (self._reduce_grad(chunk, outputs[0],
                                                       grad_out), )
@@ -269,9 +281,9 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             acc = [self._source_rows(block.num_src, k)
                    for k in range(len(self.source_meta))]
             if self.mode == 'sa' and plan.kind != 'linear':
-                for chunk, c_idx, made, outputs, heads in kept_by_peer.get(
-                        block.peer, []):
-                    chunk_grads(block.peer, chunk, c_idx, None, made,
+                for chunk, c_idx, made, outputs, heads in kept_by_block.get(
+                        block.key, []):
+                    chunk_grads(block.key, chunk, c_idx, None, made,
                                 outputs, acc, heads)
                 return acc
             if plan.kind == 'linear':
@@ -282,7 +294,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             heads = self._value_heads(named)
             for c_idx, chunk in enumerate(self._chunks(block)):
                 if chunk.num_edges > 0:
-                    chunk_grads(block.peer, chunk, c_idx, named, None, None,
+                    chunk_grads(block.key, chunk, c_idx, named, None, None,
                                 acc, heads)
             return acc
 

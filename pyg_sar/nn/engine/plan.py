@@ -82,6 +82,9 @@ class _Plan:
     value_source: Optional[str] = None
     dropout: float = 0.0
     seed: int = 0
+    # The spmm kind's output buffer, when the caller passed ``add_to``: the
+    # aggregate is added into it in place (the Function marks it dirty).
+    init_slot: Optional[int] = None
 
 
 def _classify_aggr(module) -> str:
@@ -95,8 +98,11 @@ def _classify_aggr(module) -> str:
                      f"{SUPPORTED_AGGRS}")
 
 
-def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
-    """Runs one distributed propagation of ``module`` over ``graph``."""
+def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
+              add_to: Optional[Tensor] = None) -> Tensor:
+    """Runs one distributed propagation of ``module`` over ``graph``;
+    returns ``add_to`` plus it when given (accumulated in ``add_to``'s
+    memory on the sparse linear path)."""
     if not isinstance(graph, DistGraph):
         raise TypeError(f"{type(module).__name__}.propagate expects a "
                         f"pyg_sar.DistGraph as first argument (got "
@@ -187,7 +193,23 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any]) -> Tensor:
         plan.kind, plan.linear_weight = 'general', None
     if plan.kind in ('general', 'attention'):
         plan.param_slots = [slot(p) for p in _message_parameters(module)]
-    return SARFunction.apply(plan, *tensors)
+    if add_to is not None and plan.kind == 'spmm':
+        source = tensors[next(iter(src_slots.values()))]
+        shape = (graph.num_nodes, *source.shape[1:])
+        if tuple(add_to.shape) != shape or add_to.dtype != source.dtype:
+            raise ValueError(
+                f"{type(module).__name__}.propagate: add_to has shape "
+                f"{tuple(add_to.shape)} ({add_to.dtype}) but the aggregate "
+                f"is {shape} ({source.dtype})")
+        if id(add_to) in slot_of or add_to._base is not None or (
+                add_to.is_leaf and add_to.requires_grad):
+            # An input, a view or a leaf is never written over.
+            add_to = add_to.clone()
+        plan.init_slot = slot(add_to)
+    out = SARFunction.apply(plan, *tensors)
+    if add_to is not None and plan.init_slot is None:
+        out = add_to + out
+    return out
 
 
 def _check_node_tensor(module, name: str, value, num_rows: int,

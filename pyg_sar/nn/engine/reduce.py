@@ -35,7 +35,7 @@ class ReduceMixin:
                 if chunk.num_edges == 0:
                     continue
                 if keep:
-                    kept.append((block.peer, chunk, c_idx, made, outputs,
+                    kept.append((block.key, chunk, c_idx, made, outputs,
                                  None))
                 self._combine(out, count, outputs[0].detach(), chunk)
         if self.plan.aggr == 'mean':

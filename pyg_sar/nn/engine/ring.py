@@ -5,12 +5,16 @@ source partition at a time (ring order: in round ``r`` a worker sends its rows
 to ``rank + r`` and receives from ``rank - r``), aggregates each block into a
 running result, and frees the fetched rows; ``one_shot`` instead fetches all
 remote rows in one exchange (the halo table). Gradients of remote source rows
-go back to their owners, which sum what all peers send.
+go back to their owners, which sum what all peers send. Each round moves a
+peer's rows in halo slices of at most ``halo_slice_bytes``
+(:meth:`EdgeBlock.sliced`), so one or two slices are in flight, not whole
+tables.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, \
-    Tuple
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -21,13 +25,38 @@ from pyg_sar.graph import EdgeBlock
 # A re-fetch and a gradient send-back between the same two ranks can be in
 # flight together, so the send-back has its own channel (a process group).
 _GRAD_CHANNEL = 'gradients'
+# At least one row per slice, however wide the rows.
+_MIN_SLICE_ROWS = 1
+
+
+@dataclass
+class _Step:
+    """One exchange of the ring: in round ``rnd`` a worker sends rows
+    ``send`` (``(start, stop)`` of ``send_ids[to]``, or ``None``) to ``to``
+    and receives rows ``recv`` of ``recv_ids[frm]`` from ``frm``, the
+    source table of halo slice ``block`` (``None`` when it only sends)."""
+    rnd: int
+    to: int
+    frm: int
+    send: Optional[Tuple[int, int]]
+    recv: Optional[Tuple[int, int]]
+    block: Optional[EdgeBlock]
+
+
+def _row_slices(num_rows: int, rows: Optional[int]) -> List[Tuple[int, int]]:
+    if num_rows == 0:
+        return []
+    if rows is None:
+        return [(0, num_rows)]
+    return [(a, min(a + rows, num_rows)) for a in range(0, num_rows, rows)]
 
 
 class RingMixin:
-    """Owns the runner's ring: active rounds, pipelined fetches
-    (``_fetched_rounds``), the ``one_shot`` halo table, the block iterator
-    of every forward (``_blocks``), and the send-back of source-row
-    gradients (``_route``, ``_post_grads``, ``_receive_grads``)."""
+    """Owns the runner's ring: active rounds and their halo-slice steps,
+    pipelined fetches (``_fetched_steps``), the ``one_shot`` halo table, the
+    block iterator of every forward (``_blocks``), and the send-back of
+    source-row gradients (``_route``, ``_post_grads``, ``_receive_grads``).
+    """
 
     # Fetching ################################################################
 
@@ -40,27 +69,59 @@ class RingMixin:
                 if (g.rank - r) % P in g.recv_ids
                 or (g.rank + r) % P in g.send_ids]
 
-    def _post_fetch(self, rnd: int):
-        g = self.graph
-        to, frm = (g.rank + rnd) % g.world_size, (g.rank - rnd) % g.world_size
-        return frm, g.post_row_exchange(self.sources, [to], [frm])
+    def _slice_rows(self) -> Optional[int]:
+        """Rows per halo slice: a power of two (layers of similar widths
+        then share one cut of the blocks) whose rows of every source tensor
+        fit ``halo_slice_bytes``; ``None`` when slicing is off. Every rank
+        derives the same value from the same model."""
+        budget = comm.config().halo_slice_bytes
+        if not budget:
+            return None
+        row_bytes = sum(math.prod(shape) * dtype.itemsize
+                        for shape, dtype, _ in self.source_meta)
+        rows = max(_MIN_SLICE_ROWS, budget // max(row_bytes, 1))
+        return 1 << (int(rows).bit_length() - 1)
 
-    def _fetched_rounds(self) -> Iterator[Tuple[int, Optional[EdgeBlock],
-                                                Optional[List[Tensor]]]]:
-        """Yields ``(round, block, tables)`` for every active ring round, with
-        ``pipeline_depth`` rounds posted ahead; ``block`` is ``None`` in a
-        round where this worker only sends."""
-        rounds = self._rounds()
+    def _steps(self) -> List[_Step]:
+        """The ring's exchanges in order: per active round, one step per
+        halo slice of the larger side. A sender and its receiver cut the
+        same row list with the same slice size, so they agree."""
+        g, P = self.graph, self.graph.world_size
+        rows = self._slice_rows()
+        steps = []
+        for rnd in self._rounds():
+            to, frm = (g.rank + rnd) % P, (g.rank - rnd) % P
+            sends = _row_slices(int(g.send_ids[to].numel())
+                                if to in g.send_ids else 0, rows)
+            recvs = _row_slices(int(g.recv_ids[frm].numel())
+                                if frm in g.recv_ids else 0, rows)
+            blocks = (g.remote_block(frm).sliced(rows) if recvs else [])
+            for k in range(max(len(sends), len(recvs))):
+                steps.append(_Step(
+                    rnd, to, frm, sends[k] if k < len(sends) else None,
+                    recvs[k] if k < len(recvs) else None,
+                    blocks[k] if k < len(recvs) else None))
+        return steps
+
+    def _post_fetch(self, step: _Step):
+        return self.graph.post_row_exchange(
+            self.sources, [step.to] if step.send else [],
+            [step.frm] if step.recv else [], step.send, step.recv)
+
+    def _fetched_steps(self) -> Iterator[Tuple[_Step, Optional[List[Tensor]]]]:
+        """Yields ``(step, tables)`` for every step of the ring, with
+        ``pipeline_depth`` steps posted ahead; ``tables`` is ``None`` in a
+        step where this worker only sends."""
+        steps = self._steps()
         depth = comm.config().pipeline_depth + 1
         pending: Dict[int, Any] = {}
-        for k, rnd in enumerate(rounds):
-            for ahead in rounds[k:k + depth]:
+        for k, step in enumerate(steps):
+            for ahead in range(k, min(k + depth, len(steps))):
                 if ahead not in pending:
-                    pending[ahead] = self._post_fetch(ahead)
-            frm, work = pending.pop(rnd)
-            received = work.wait()
-            block = self.graph.remote_block(frm)
-            yield rnd, block, (received[frm] if block is not None else None)
+                    pending[ahead] = self._post_fetch(steps[ahead])
+            received = pending.pop(k).wait()
+            yield step, (received[step.frm] if step.block is not None
+                         else None)
 
     def _halo_tables(self) -> List[Tensor]:
         """``one_shot``: all remote rows in one exchange, stacked after the
@@ -74,7 +135,8 @@ class RingMixin:
 
     def _blocks(self) -> Iterator[Tuple[EdgeBlock, List[Tensor]]]:
         """Every block with its source tables: one merged block for
-        ``one_shot``, else the local block and then the ring."""
+        ``one_shot``, else the local block and then the ring's halo
+        slices."""
         if self.mode == 'one_shot':
             tables = self._halo_tables()
             if self.plan.kind in ('general', 'attention'):
@@ -82,27 +144,31 @@ class RingMixin:
             yield self.graph.merged_block(), tables
             return
         yield self.graph.local_block, self.sources
-        for _, block, tables in self._fetched_rounds():
-            if block is not None:
-                yield block, tables
+        for step, tables in self._fetched_steps():
+            if step.block is not None:
+                yield step.block, tables
 
     # Gradient routing ########################################################
 
     def _post_grads(self, sends: Dict[int, List[Tensor]],
-                    from_peers: Sequence[int]):
+                    expect: Dict[int, Tuple[int, int]]):
+        """Posts gradient rows to their owners and the receipt of those of
+        my rows ``expect[peer]`` (``(start, stop)`` of ``send_ids[peer]``)
+        that ``peer`` computed."""
         if not self.any_src_grad:  # every rank runs the same model
-            sends, from_peers = {}, []
-        g = self.graph
-        shapes = {q: [((int(g.send_ids[q].numel()), *row), dtype)
+            sends, expect = {}, {}
+        shapes = {q: [((stop - start, *row), dtype)
                       for row, dtype, _ in self.source_meta]
-                  for q in from_peers}
+                  for q, (start, stop) in expect.items()}
         return comm.post_exchange(sends, shapes, self.source_meta[0][2],
                                   _GRAD_CHANNEL)
 
-    def _receive_grads(self, pending) -> None:
+    def _receive_grads(self, pending, expect: Dict[int, Tuple[int, int]]
+                       ) -> None:
         received = pending.wait()
         for frm, rows in received.items():
-            ids = self.graph.send_ids[frm]
+            start, stop = expect[frm]
+            ids = self.graph.send_ids[frm][start:stop]
             for k, r in enumerate(rows):
                 self._add_src_rows(k, r, ids)
 
@@ -111,9 +177,9 @@ class RingMixin:
                refetch: bool = False) -> None:
         """Computes every block's source-row gradients with ``block_grad``
         and routes them: local rows directly, remote rows back to their owner
-        (in round ``r`` to ``rank - r``, while ``rank + r`` sends mine).
-        With ``refetch``, each round first fetches the block's source rows
-        again (``sar``)."""
+        (in round ``r`` to ``rank - r``, while ``rank + r`` sends mine), one
+        halo slice per step. With ``refetch``, each step first fetches the
+        slice's source rows again (``sar``)."""
         g = self.graph
         if self.mode == 'one_shot':
             merged = g.merged_block()
@@ -125,29 +191,25 @@ class RingMixin:
                 sends[block.peer] = [tg[offset:offset + block.num_src]
                                      for tg in table_grads]
                 offset += block.num_src
-            self._receive_grads(self._post_grads(sends, list(g.send_ids)))
+            expect = {q: (0, int(ids.numel()))
+                      for q, ids in g.send_ids.items()}
+            self._receive_grads(self._post_grads(sends, expect), expect)
             return
         for k, tg in enumerate(block_grad(g.local_block, self.sources)):
             self._add_src_rows(k, tg)
-        P = g.world_size
-        if refetch:
-            rounds = ((rnd, block, tables)
-                      for rnd, block, tables in self._fetched_rounds())
-        else:
-            rounds = ((rnd, g.remote_block((g.rank - rnd) % P), None)
-                      for rnd in self._rounds())
+        steps = (self._fetched_steps() if refetch else
+                 ((step, None) for step in self._steps()))
         pending = None
-        for rnd, block, tables in rounds:
-            # Finish the previous round's gradient exchange first: its
-            # buffers are freed before this round's gradients are built.
+        for step, tables in steps:
+            # Finish the previous step's gradient exchange first: its
+            # buffers are freed before this step's gradients are built.
             if pending is not None:
-                self._receive_grads(pending)
+                self._receive_grads(*pending)
                 pending = None
-            sends = ({block.peer: block_grad(block, tables)}
-                     if block is not None else {})
-            frm = (g.rank + rnd) % P
-            pending = self._post_grads(sends, [frm] if frm in g.send_ids
-                                       else [])
+            sends = ({step.frm: block_grad(step.block, tables)}
+                     if step.block is not None else {})
+            expect = {step.to: step.send} if step.send else {}
+            pending = (self._post_grads(sends, expect), expect)
             del sends, tables
         if pending is not None:
-            self._receive_grads(pending)
+            self._receive_grads(*pending)

@@ -70,7 +70,12 @@ class SparseMixin:
     def _forward_spmm(self) -> Tensor:
         """Linear messages ``w_e * x_j``: one sparse product per chunk."""
         g = self.graph
-        out = None
+        init = self.plan.init_slot
+        out = None if init is None else self.tensors[init]
+        # Into a running sum (add_to): mean's 1 / in-degree goes into the
+        # edge values, as the sum already there must not be divided.
+        inv_deg = (1.0 / g.in_degree.clamp(min=1)
+                   if init is not None and self.plan.aggr == 'mean' else None)
         for block, tables in self._blocks():
             x = tables[0]
             if out is None:
@@ -85,11 +90,13 @@ class SparseMixin:
                     # backward's peak.
                     chunk.csr_transposed(block.num_src)
                 crow, col = chunk.csr()
+                values = self._spmm_values(chunk, x)
+                if inv_deg is not None:
+                    values = values * inv_deg.to(values.dtype)[chunk.dst]
                 csr_into(out[chunk.row_start:chunk.row_end].view(
-                    chunk.row_end - chunk.row_start, -1), crow, col,
-                    self._spmm_values(chunk, x),
+                    chunk.row_end - chunk.row_start, -1), crow, col, values,
                     (chunk.row_end - chunk.row_start, block.num_src), flat)
-        if self.plan.aggr == 'mean':
+        if self.plan.aggr == 'mean' and inv_deg is None:
             out.div_(_per_row(g.in_degree.clamp(min=1), out))
         return out
 
