@@ -29,12 +29,13 @@ class CommConfig:
             blocks are cut into edge chunks that fit, even without a
             ``chunk_size``. Linear layers run as sparse products and need
             none.
-        halo_slice_bytes: The SAR engine fetches a peer's source rows (and
-            returns their gradients) in slices of at most about this many
-            bytes, each aggregated before the next arrives, so the halo
-            memory in flight stays a few slices whatever the partition's
-            cut (0: one exchange per peer). Every rank must use the same
-            value.
+        halo_slice_bytes: On its sparse linear path (sum or mean of
+            ``w_e * x_j``: SAGE, GCN, GIN, GraphConv) the SAR engine fetches
+            a peer's source rows, and returns their gradients, in slices of
+            at most about this many bytes, each aggregated before the next
+            arrives, so the halo memory in flight stays a few slices
+            whatever the partition's cut (0: one exchange per peer). Every
+            rank must use the same value.
     """
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024

@@ -70,12 +70,16 @@ class RingMixin:
                 or (g.rank + r) % P in g.send_ids]
 
     def _slice_rows(self) -> Optional[int]:
-        """Rows per halo slice: a power of two (layers of similar widths
-        then share one cut of the blocks) whose rows of every source tensor
-        fit ``halo_slice_bytes``; ``None`` when slicing is off. Every rank
-        derives the same value from the same model."""
+        """Rows per halo slice of the sparse linear path: a power of two
+        (layers of similar widths then share one cut of the blocks) whose
+        rows of every source tensor fit ``halo_slice_bytes``; ``None`` when
+        slicing is off or the layer is not linear. Every rank derives the
+        same value from the same model."""
         budget = comm.config().halo_slice_bytes
-        if not budget:
+        if not budget or self.plan.kind != 'spmm':
+            # Sparse products add each slice into the output in place; the
+            # per-edge kinds would rebuild destination-sized temporaries per
+            # slice (e.g. GAT's per-head products): one exchange per peer.
             return None
         row_bytes = sum(math.prod(shape) * dtype.itemsize
                         for shape, dtype, _ in self.source_meta)
