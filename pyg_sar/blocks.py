@@ -41,32 +41,39 @@ class EdgeChunk:
         if self._csr is not None:
             return self._csr
         rows = self.dst - self.row_start
+        # The row pointer takes the columns' dtype (int32 where ids fit).
         crow = torch.zeros(self.row_end - self.row_start + 1,
-                           dtype=torch.long, device=self.dst.device)
+                           dtype=self.src.dtype, device=self.dst.device)
         crow[1:] = torch.bincount(
             rows, minlength=self.row_end - self.row_start).cumsum(0)
         if self.cache_csr:
             self._csr = (crow, self.src)
         return crow, self.src
 
-    def csr_transposed(self, num_src: int) -> Tuple[Tensor, Tensor, Tensor]:
+    def csr_transposed(self, num_src: int, with_perm: bool = True
+                       ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """``(crow, col, perm)`` of the transposed chunk: rows are sources,
-        columns destination rows; ``perm`` orders edge values accordingly.
+        columns destination rows; ``perm`` orders edge values accordingly
+        (``None`` unless ``with_perm``: unweighted products need none).
         Kept for the backward of every epoch, so stored as int32 where the
-        edge and row counts fit (8 bytes per edge instead of 16)."""
-        if self._csr_t is None:
-            dtype = _index_dtype(max(self.num_edges, num_src,
+        edge and row counts fit (4 bytes per edge, 8 with ``perm``)."""
+        if self._csr_t is None or (with_perm and self._csr_t[2] is None):
+            dtype = index_dtype(max(self.num_edges, num_src,
                                      self.row_end - self.row_start))
             perm = torch.argsort(self.src, stable=True)
-            crow = torch.zeros(num_src + 1, dtype=dtype,
-                               device=self.src.device)
-            crow[1:] = torch.bincount(self.src, minlength=num_src).cumsum(0)
-            col = (self.dst[perm] - self.row_start).to(dtype)
-            self._csr_t = (crow, col, perm.to(dtype))
+            if self._csr_t is None:
+                crow = torch.zeros(num_src + 1, dtype=dtype,
+                                   device=self.src.device)
+                crow[1:] = torch.bincount(self.src,
+                                          minlength=num_src).cumsum(0)
+                col = (self.dst[perm] - self.row_start).to(dtype)
+            else:
+                crow, col = self._csr_t[:2]
+            self._csr_t = (crow, col, perm.to(dtype) if with_perm else None)
         return self._csr_t
 
 
-def _index_dtype(largest: int) -> torch.dtype:
+def index_dtype(largest: int) -> torch.dtype:
     """int32 for index tensors whose values (and lengths) fit in it."""
     return torch.int32 if largest < 2**31 - 1 else torch.long
 

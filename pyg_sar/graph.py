@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.blocks import EdgeBlock, EdgeChunk
+from pyg_sar.blocks import EdgeBlock, EdgeChunk, index_dtype
 from pyg_sar.exchange import RowPlan, fetch_rows, push_rows
 
 MODES = ('sar', 'sa', 'one_shot')
@@ -259,6 +259,14 @@ class DistGraph:
     def _make_blocks(self) -> None:
         p, P = self.rank, self.world_size
         self.blocks: List[EdgeBlock] = []
+        # Every per-edge index as int32 where all ids fit (12 bytes per edge
+        # instead of 24): sources index the local and halo rows (one_shot's
+        # table), destinations the local rows, positions the edges.
+        halo = sum(int(t.numel()) for t in self.recv_ids.values())
+        dtype = index_dtype(max(self.num_src_nodes + halo, self.num_nodes,
+                                self.num_edges))
+        self._block_edges = {q: tuple(t.to(dtype) for t in edges)
+                             for q, edges in self._block_edges.items()}
         for q in [p] + [(p - r) % P for r in range(1, P)]:
             if q not in self._block_edges:
                 continue
@@ -447,8 +455,8 @@ class DistGraph:
             merged = self.merged_block()
             out = torch.empty((2, self.num_edges), dtype=torch.long,
                               device=self.device)
-            out[0, merged.edge_pos] = merged.src
-            out[1, merged.edge_pos] = merged.dst
+            out[0, merged.edge_pos] = merged.src.long()
+            out[1, merged.edge_pos] = merged.dst.long()
             self.derived['halo_edge_index'] = out
         return self.derived['halo_edge_index']
 

@@ -78,7 +78,7 @@ def _make_view(graph, edge_type: Tensor, num_relations: int):
     view._csc_degree = None  # edge_dst() has no meaning on the view
     view._block_edges = {}
     for q, (src, d, pos) in graph._block_edges.items():
-        expanded = d * R + edge_type[pos]
+        expanded = d.long() * R + edge_type[pos]  # no int32 overflow
         order = torch.argsort(expanded, stable=True)
         view._block_edges[q] = (src[order], expanded[order], pos[order])
     view._make_blocks()

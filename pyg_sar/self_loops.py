@@ -13,7 +13,7 @@ def make_loop_view(graph):
     view = object.__new__(DistGraph)
     view.__dict__.update(graph.__dict__)
     view._views, view._source_cache, view.derived = {}, {}, {}
-    src_local, dst, pos = graph._block_edges[graph.rank]
+    src_local, dst, pos = (t.long() for t in graph._block_edges[graph.rank])
     is_loop = src_local == dst
     dev = graph.device
     base_pos = torch.arange(graph.num_edges, device=dev)
@@ -44,6 +44,6 @@ def make_loop_view(graph):
                                      l_pos[order])
     for q, (src, d, pos_q) in graph._block_edges.items():
         if q != graph.rank:
-            view._block_edges[q] = (src, d, new_pos_of_base[pos_q])
+            view._block_edges[q] = (src, d, new_pos_of_base[pos_q.long()])
     view._make_blocks()
     return view

@@ -26,7 +26,6 @@ from torch_geometric.nn.dense.linear import Linear as PyGLinear
 # Linear modules whose forward is exactly x @ W^T + b (a subclass that
 # overrides forward goes through its own forward).
 _PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
-_MASK_SLICE = 1 << 20  # elements per slice of relu_dropout's backward mask
 
 
 def add_linear_(out: Tensor, x: Tensor, lin) -> Tensor:
@@ -65,16 +64,11 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         out, scale = ctx.saved_tensors
-        # out > 0 exactly where x > 0 and the unit was kept. One node-sized
-        # result; the byte mask is built a slice at a time (a whole one is
-        # a quarter of a float tensor more at the backward's peak).
-        result = torch.empty_like(out, memory_format=torch.contiguous_format)
-        torch.mul(grad, scale, out=result)
-        flat, kept = result.view(-1), out.reshape(-1)
-        for start in range(0, flat.numel(), _MASK_SLICE):
-            stop = start + _MASK_SLICE
-            flat[start:stop].masked_fill_(kept[start:stop] <= 0, 0)
-        return result, None
+        # out > 0 exactly where x > 0 and the unit was kept: ReLU's own
+        # backward kernel against the output (one node-sized result, no
+        # byte mask), then the dropout scale in place.
+        return torch.ops.aten.threshold_backward(grad, out, 0).mul_(scale), \
+            None
 
 
 def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

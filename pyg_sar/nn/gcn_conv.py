@@ -113,7 +113,7 @@ class GCNConv(DistMessagePassing):
                                   device=graph.device)
         src_deg = edge_weight.new_empty(graph.num_edges)
         for block in graph.blocks:
-            dst_of_edge[block.edge_pos] = block.dst
+            dst_of_edge[block.edge_pos] = block.dst.long()
         deg.index_add_(0, dst_of_edge, edge_weight)
         deg_inv_sqrt = deg.pow(-0.5)
         deg_inv_sqrt.masked_fill_(deg_inv_sqrt == float('inf'), 0)

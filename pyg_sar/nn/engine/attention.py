@@ -51,7 +51,7 @@ class AttentionMixin:
                 score = score.detach()
                 lo, hi = chunk.row_start, chunk.row_end
                 rows = chunk.dst - lo
-                idx = rows.view(-1, 1).expand_as(score)
+                idx = rows.long().view(-1, 1).expand_as(score)  # scatter
                 old_max = run_max[lo:hi]
                 new_max = old_max.clone().scatter_reduce_(
                     0, idx, score, 'amax', include_self=True)

@@ -34,7 +34,7 @@ def csr_matmul(crow: Tensor, col: Tensor, values: Tensor, shape,
         return torch.sparse_csr_tensor(crow, col, values, shape) @ dense
     rows = shape[0]
     row = torch.repeat_interleave(torch.arange(rows, device=col.device),
-                                  crow[1:] - crow[:-1],
+                                  (crow[1:] - crow[:-1]).long(),
                                   output_size=col.numel())
     out = dense.new_zeros((rows, *dense.shape[1:]))
     return out.index_add_(0, row, values.unsqueeze(-1) *
@@ -71,6 +71,7 @@ class SparseMixin:
         """Linear messages ``w_e * x_j``: one sparse product per chunk."""
         g = self.graph
         init = self.plan.init_slot
+        weighted = self.plan.linear_weight is not None
         out = None if init is None else self.tensors[init]
         # Into a running sum (add_to): mean's 1 / in-degree goes into the
         # edge values, as the sum already there must not be divided.
@@ -88,7 +89,7 @@ class SparseMixin:
                     # Build (once) the transposed CSR the backward reuses
                     # now, while few activations are alive, not at the
                     # backward's peak.
-                    chunk.csr_transposed(block.num_src)
+                    chunk.csr_transposed(block.num_src, weighted)
                 crow, col = chunk.csr()
                 values = self._spmm_values(chunk, x)
                 if inv_deg is not None:
@@ -104,6 +105,7 @@ class SparseMixin:
         flat_g = (grad_out.flatten(1) if grad_out.dim() > 1
                   else grad_out.view(-1, 1))
         trailing = self.source_meta[0][0]
+        weighted = self.plan.linear_weight is not None
         # mean: A^T (g / deg) with 1 / deg folded into the edge values, so
         # no scaled copy of the node-sized gradient is made.
         inv_deg = (1.0 / self.graph.in_degree.clamp(min=1).to(flat_g.dtype)
@@ -114,7 +116,8 @@ class SparseMixin:
             for chunk in self._chunks(block):
                 if chunk.num_edges == 0:
                     continue
-                crow, col, perm = chunk.csr_transposed(block.num_src)
+                crow, col, perm = chunk.csr_transposed(block.num_src,
+                                                       weighted)
                 values = self._spmm_values(chunk, flat_g, perm)
                 if inv_deg is not None:
                     values = values * inv_deg[
