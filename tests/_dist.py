@@ -82,6 +82,9 @@ def test_device():
     return torch.device(os.environ.get('PYG_SAR_TEST_DEVICE', 'cpu'))
 
 
+test_device.__test__ = False  # a helper, not a test (imported by tests)
+
+
 def to_cpu(value):
     """``value`` with every tensor inside moved to the CPU (results go back
     to the parent, which compares on the CPU)."""
