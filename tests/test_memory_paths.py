@@ -1,5 +1,5 @@
 """The memory-saving paths (issue #11): the fused ReLU + dropout, SAGE's
-``transform_first`` and the allocator policy keep results equal."""
+``transform_first`` and ``propagate(add_to=)`` keep results equal."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,29 +14,36 @@ from _graphs import hard_graph
 
 
 @pytest.mark.parametrize('p', [0.1, 0.5, 0.7])
-def test_relu_dropout_equals_the_stock_pair_bitwise(p):
+def test_relu_dropout_equals_the_stock_pair_for_its_mask(p):
     x = torch.randn(300, 17, requires_grad=True)
+    x.data[0, :4] = 0.0  # ReLU's kink: no gradient there, as in PyTorch
     grad = torch.randn(300, 17)
     torch.manual_seed(5)
-    expected = F.dropout(F.relu(x), p=p, training=True)
+    keep = torch.empty_like(x).uniform_() >= p  # the documented draw
+    after_draw = torch.rand(3)
+    expected = F.relu(x) * (keep.float() * (1.0 / (1 - p)))
     expected.backward(grad)
     expected_grad, x.grad = x.grad.clone(), None
-    after_stock = torch.rand(3)
     torch.manual_seed(5)
     actual = relu_dropout(x, p=p, training=True)
+    assert torch.equal(torch.rand(3), after_draw)  # the same draws consumed
     actual.backward(grad)
-    assert torch.equal(actual, expected)
-    assert torch.equal(x.grad, expected_grad)
-    assert torch.equal(torch.rand(3), after_stock)  # same draws consumed
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(x.grad, expected_grad, rtol=1e-6, atol=0)
+    # A Bernoulli(1 - p) keep mask.
+    big = relu_dropout(torch.ones(200_000, requires_grad=True), p=p)
+    assert abs(float((big > 0).float().mean()) - (1 - p)) < 0.01
+    assert torch.allclose(big[big > 0], torch.tensor(1 / (1 - p)))
 
 
 def test_relu_dropout_without_grad_or_training():
     x = torch.randn(10, 4)
     assert torch.equal(relu_dropout(x, 0.5, training=False), F.relu(x))
     torch.manual_seed(1)
-    a = relu_dropout(x, 0.5)
+    a = relu_dropout(x, 0.5)  # no gradient needed: the same draw
     torch.manual_seed(1)
-    assert torch.equal(a, F.dropout(F.relu(x), 0.5))
+    b = relu_dropout(x.clone().requires_grad_(), 0.5)
+    assert torch.equal(a, b.detach())
 
 
 def _sage_outputs(rank, world_size, root, transform_first, options, mode):

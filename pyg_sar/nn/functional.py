@@ -9,13 +9,19 @@ holds one.
 ``F.dropout(F.relu(x))`` keeps three node-sized tensors alive until
 backward: the ReLU output (for ReLU's gradient), the float dropout noise
 (for the product's gradient) and the dropout output (the next layer's
-input, kept by its linear map). :func:`relu_dropout` returns the same values
-from the same random numbers but keeps only its output: the gradient is
-``grad * scale`` where the output is positive and zero elsewhere, which is
-exactly what the stock pair computes. On a 200k x 256 float32 hidden layer
-that is 390 MiB less per layer held through the whole forward.
+input, kept by its linear map). :func:`relu_dropout` computes the same
+function, ``relu(x) * keep / (1 - p)``, but keeps only its output: the
+gradient is ``grad / (1 - p)`` where the output is positive and zero
+elsewhere, which is what the stock pair computes for the same mask. On a
+200k x 256 float32 hidden layer that is 390 MiB less per layer held through
+the whole forward. Its keep mask is ``uniform_() >= p`` rather than ATen's
+CPU ``bernoulli_(1 - p)`` (the same distribution, 4x faster: 0.15 s instead
+of 0.65 s for 200k x 256 on 2 cores, 1 s of a 6 s SAGE epoch), so it does
+not replay ``F.dropout``'s random numbers.
 """
 from __future__ import annotations
+
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,20 +50,23 @@ def add_linear_(out: Tensor, x: Tensor, lin) -> Tensor:
     return out + lin(x)
 
 
+def _relu_dropout(x: Tensor, p: float) -> Tuple[Tensor, Tensor]:
+    """``relu(x) * noise`` and the scale ``1 / (1 - p)``, where ``noise`` is
+    the scale with probability ``1 - p`` and 0 otherwise (one node-sized
+    temporary besides ``x``: the noise's buffer becomes the output)."""
+    scale = torch.ones((), dtype=x.dtype, device=x.device).div_(1 - p)
+    noise = torch.empty_like(x).uniform_().ge_(p).mul_(scale)
+    # relu(x) * n == relu(x * n) for the noise n >= 0.
+    return noise.mul_(x).clamp_min_(0), scale
+
+
 class _ReLUDropout(torch.autograd.Function):
-    """``relu(x) * noise`` with ``noise`` drawn as CPU ``F.dropout`` draws
-    it; saves only the output."""
+    """``relu(x) * noise`` (:func:`_relu_dropout`); saves only the
+    output."""
 
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        # The draw of ATen's CPU dropout: empty_like(x).bernoulli_(1 - p),
-        # then divided in place by 1 - p; same generator calls, same values.
-        noise = torch.empty_like(x).bernoulli_(1 - p)
-        noise.div_(1 - p)
-        # relu(x) * n == relu(x * n) for the noise n >= 0, computed in the
-        # noise's buffer: one node-sized temporary besides x, not two.
-        out = noise.mul_(x).clamp_min_(0)
-        scale = torch.ones((), dtype=x.dtype, device=x.device).div_(1 - p)
+        out, scale = _relu_dropout(x, p)
         ctx.save_for_backward(out, scale)
         return out
 
@@ -72,15 +81,15 @@ class _ReLUDropout(torch.autograd.Function):
 
 
 def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
-    """``F.dropout(F.relu(x), p, training)`` with the same outputs and
-    gradients (and, on the CPU, the same random numbers), keeping only the
-    output for backward instead of the ReLU output, the dropout noise and
-    the output. Falls back to the stock pair where that equality is not
-    guaranteed (a GPU, whose dropout kernel draws differently; ``p`` of 0
-    or 1; no gradient needed)."""
+    """``F.dropout(F.relu(x), p, training)``: the same function and, for
+    the same keep mask, the same gradients, keeping only the output for
+    backward instead of the ReLU output, the dropout noise and the output.
+    The mask is drawn as ``uniform_() >= p`` (module docs); on a GPU, and
+    for ``p`` of 1, it is the stock pair."""
     if not training or p <= 0.0:
         return F.relu(x)
-    if p >= 1.0 or x.device.type != 'cpu' or not x.requires_grad or \
-            not torch.is_grad_enabled():
+    if p >= 1.0 or x.device.type != 'cpu':
         return F.dropout(F.relu(x), p=p, training=training)
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return _relu_dropout(x, p)[0]
     return _ReLUDropout.apply(x, p)
