@@ -85,6 +85,19 @@ def test_device():
 test_device.__test__ = False  # a helper, not a test (imported by tests)
 
 
+def halo_slices_with_chunks(chunk) -> None:
+    """The exactness tests' chunked runs also move halo rows in slices of a
+    few rows (``halo_slice_bytes``; the default, 4 MiB, is more than these
+    graphs' whole halo); the other runs use the default."""
+    import pyg_sar
+    from pyg_sar.comm.state import CommConfig
+    pyg_sar.comm.configure(halo_slice_bytes=TINY_HALO_SLICES if chunk
+                           else CommConfig().halo_slice_bytes)
+
+
+TINY_HALO_SLICES = 100  # bytes: a few rows of the test graphs' features
+
+
 def to_cpu(value):
     """``value`` with every tensor inside moved to the CPU (results go back
     to the parent, which compares on the CPU)."""

@@ -18,7 +18,7 @@ from torch_geometric.nn import to_hetero
 from torch_geometric.transforms import ToUndirected
 
 import pyg_sar
-from _dist import run_workers, test_device, to_cpu
+from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
 from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, WRITES, WRITTEN,
                      BlockHeteroPart, hard_hetero)
 
@@ -147,6 +147,7 @@ def _worker(rank, world_size, models, part_dir=None):
     ids = {t: part[t].orig_ids.to(device) for t in part.node_types}
     results = {}
     for mode, chunk in RUNS:
+        halo_slices_with_chunks(chunk)
         graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
                                   device=device)
         assert isinstance(graph, pyg_sar.hetero_graph.HeteroDistGraph)

@@ -11,7 +11,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 import pyg_sar
-from _dist import run_workers, test_device, to_cpu
+from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
 from _hetero import hard_hetero
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -84,6 +84,7 @@ def _worker(rank, world_size, part_dir):
                                                  part.orig_ids))
     out = {}
     for mode, chunk in RUNS:
+        halo_slices_with_chunks(chunk)
         graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
                                   device=device)
         for config in CONFIGS:

@@ -16,16 +16,12 @@ from torch_geometric.nn import MessagePassing
 import pyg_sar
 from pyg_sar import datasets
 from pyg_sar.nn import DistMessagePassing
-from _dist import run_workers, test_device, to_cpu
+from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
 
 RTOL, ATOL = 1e-4, 1e-5
 MODES = ('sar', 'sa', 'one_shot')
 # Small enough to cut every block into several chunks.
 CHUNKS = {'synthetic': 37, 'Cora': 1500}
-# The chunked runs also move halo rows in slices of a few rows (the engine's
-# default slice is 4 MiB, more than these graphs' whole halo).
-TINY_HALO_SLICES = 100
-DEFAULT_HALO_SLICES = pyg_sar.comm.config().halo_slice_bytes
 CONVS = ('sage_mean', 'sage_max', 'sage_sum', 'sage_min_project', 'gcn',
          'graph', 'gin', 'gat', 'gatv2', 'user_linear', 'user_param',
          'gcn_weighted', 'graph_weighted', 'gat_edge_attr',
@@ -242,8 +238,7 @@ def _worker(rank, world_size, roots, curve_epochs):
         on_device = _OnDevice(part, device)
         for mode in MODES:
             for chunk in (None, CHUNKS[name]):
-                pyg_sar.comm.configure(halo_slice_bytes=TINY_HALO_SLICES
-                                       if chunk else DEFAULT_HALO_SLICES)
+                halo_slices_with_chunks(chunk)
                 graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
                                           device=device)
                 for kind in kinds_for(part):
@@ -256,7 +251,7 @@ def _worker(rank, world_size, roots, curve_epochs):
                         out.detach(), x_in.grad,
                         {n: p.grad for n, p in conv.named_parameters()}))
         results[(name, 'ids')] = part.orig_ids
-    pyg_sar.comm.configure(halo_slice_bytes=DEFAULT_HALO_SLICES)
+    halo_slices_with_chunks(None)
     if 'synthetic' in roots:
         part = pyg_sar.load_partition(roots['synthetic'], rank)
         results['curves'] = _loss_curves(part, rank, world_size,
@@ -278,8 +273,7 @@ def _loss_curves(part, rank, world_size, epochs):
     curves = {}
     for model in ('sage', 'gat'):
         for mode in ('sar', 'one_shot'):
-            pyg_sar.comm.configure(halo_slice_bytes=TINY_HALO_SLICES
-                                   if mode == 'sar' else DEFAULT_HALO_SLICES)
+            halo_slices_with_chunks(mode == 'sar')
             graph = pyg_sar.DistGraph(part, mode=mode)
             torch.manual_seed(7)
             net = pyg_sar.nn.to_distributed(
@@ -300,7 +294,7 @@ def _loss_curves(part, rank, world_size, epochs):
                 losses.append(float(pyg_sar.comm.all_reduce(
                     loss.detach().clone())))
             curves[(model, mode)] = losses
-    pyg_sar.comm.configure(halo_slice_bytes=DEFAULT_HALO_SLICES)
+    halo_slices_with_chunks(None)
     return curves
 
 
