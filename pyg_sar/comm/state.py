@@ -41,7 +41,7 @@ class CommConfig:
     max_bytes_per_message: int = 256 * 1024 * 1024
     pipeline_depth: int = 1
     edge_memory_budget: int = 16 * 1024 * 1024
-    halo_slice_bytes: int = 4 * 1024 * 1024
+    halo_slice_bytes: int = 8 * 1024 * 1024
 
 
 _CONFIG = CommConfig()
