@@ -6,11 +6,13 @@ torch and pyg_sar when called.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import os.path as osp
 import resource
 import statistics
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -125,3 +127,31 @@ def write_results(out: str, name: str, result: Dict[str, Any],
         json.dump(result, f, indent=1)
     plot(rows, osp.join(out, f'{name}.png'))
     print(f"wrote {osp.join(out, name)}.json/.png")
+
+
+# Driver scripts ##############################################################
+
+def add_internal_args(parser: argparse.ArgumentParser,
+                      *names: str) -> None:
+    """The flags a driver passes to its own worker and preparation runs,
+    hidden from ``--help``: ``--worker``, ``--prepare``, ``--impl`` (``pyg``
+    or ``sar``), ``--parts``, ``--result`` and the string options
+    ``names``."""
+    for flag in ('--worker', '--prepare'):
+        parser.add_argument(flag, action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--impl', choices=('pyg', 'sar'),
+                        help=argparse.SUPPRESS)
+    for name in ('--parts', '--result', *names):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+
+
+def run_script(args, worker: Callable, prepare: Callable,
+               main: Callable) -> None:
+    """A driver's entry point: one worker, the data preparation, or the
+    whole benchmark (whose return value is the exit status)."""
+    if args.worker:
+        worker(args)
+    elif args.prepare:
+        prepare(args)
+    else:
+        sys.exit(main(args))

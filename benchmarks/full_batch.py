@@ -39,7 +39,7 @@ from typing import List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import write_results  # noqa: E402
+from _common import add_internal_args, run_script, write_results  # noqa: E402
 REPO = osp.dirname(HERE)
 GRAPHS = {'sage': 200_000, 'gat': 100_000}
 HIDDEN = {'sage': 256, 'gat': 128}
@@ -357,29 +357,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--work-dir', default=None,
                         help='keep (and reuse) graphs and partitions here')
     parser.add_argument('--timeout', type=float, default=900.0)
-    # Internal.
-    parser.add_argument('--worker', action='store_true',
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--prepare', action='store_true',
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--impl', help=argparse.SUPPRESS)
-    parser.add_argument('--model', help=argparse.SUPPRESS)
-    parser.add_argument('--data', help=argparse.SUPPRESS)
-    parser.add_argument('--parts', help=argparse.SUPPRESS)
-    parser.add_argument('--result', help=argparse.SUPPRESS)
+    add_internal_args(parser, '--model', '--data')
     parser.add_argument('--num-nodes', type=int, help=argparse.SUPPRESS)
     parser.add_argument('--workers', default=None,
                         help='worker counts, e.g. 1,4 (default 1,2,4)')
     return parser.parse_args(argv)
 
 
+def _worker(args) -> None:
+    from full_batch_worker import run_worker
+    run_worker(args)
+
+
 if __name__ == '__main__':
-    _args = parse_args()
-    if _args.worker:
-        sys.path.insert(0, HERE)
-        from full_batch_worker import run_worker
-        run_worker(_args)
-    elif _args.prepare:
-        prepare(_args)
-    else:
-        main(_args)
+    run_script(parse_args(), _worker, prepare, main)

@@ -43,8 +43,9 @@ from typing import Dict, List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import (finish_worker, init_worker, measure_epochs,  # noqa: E402
-                     status_mib, write_results)
+from _common import (add_internal_args, finish_worker,  # noqa: E402
+                     init_worker, measure_epochs, run_script, status_mib,
+                     write_results)
 MODELS = ('sage', 'gat', 'transformer', 'gen')
 # GAT and SAGE run on the SAR engine; TransformerConv and GENConv (learnable
 # softmax aggregation) over whole neighborhoods.
@@ -541,25 +542,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='keep data and partitions here')
     parser.add_argument('--timeout', type=float, default=600.0)
     # Worker-only arguments.
-    parser.add_argument('--worker', action='store_true',
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--prepare', action='store_true',
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--workers', help=argparse.SUPPRESS)
-    parser.add_argument('--impl', choices=('pyg', 'sar'),
-                        help=argparse.SUPPRESS)
+    add_internal_args(parser, '--workers', '--data')
     parser.add_argument('--model', choices=MODELS, help=argparse.SUPPRESS)
-    parser.add_argument('--data', help=argparse.SUPPRESS)
-    parser.add_argument('--parts', help=argparse.SUPPRESS)
-    parser.add_argument('--result', help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 if __name__ == '__main__':
-    _args = parse_args()
-    if _args.worker:
-        worker(_args)
-    elif _args.prepare:
-        prepare(_args)
-    else:
-        main(_args)
+    run_script(parse_args(), worker, prepare, main)

@@ -58,8 +58,9 @@ from typing import Dict, List
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
 import full_batch_legacy as fb  # noqa: E402  (torch-free at import: driver stays small)
-from _common import (finish_worker, init_worker, measure_epochs,  # noqa: E402
-                     status_mib, write_results)
+from _common import (add_internal_args, finish_worker,  # noqa: E402
+                     init_worker, measure_epochs, run_script, status_mib,
+                     write_results)
 
 LABELLED = 'paper'
 LOSS_RTOL = 1e-4
@@ -432,23 +433,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'here, and reuse them when the sizes match')
     parser.add_argument('--timeout', type=float, default=600.0)
     # Worker-only arguments.
-    parser.add_argument('--worker', action='store_true',
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--prepare', action='store_true',
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--config', help=argparse.SUPPRESS)
-    parser.add_argument('--impl', choices=('pyg', 'sar'),
-                        help=argparse.SUPPRESS)
-    parser.add_argument('--parts', help=argparse.SUPPRESS)
-    parser.add_argument('--result', help=argparse.SUPPRESS)
+    add_internal_args(parser, '--config')
     return parser.parse_args(argv)
 
 
 if __name__ == '__main__':
-    _args = parse_args()
-    if _args.worker:
-        worker(_args)
-    elif _args.prepare:
-        prepare(_args)
-    else:
-        sys.exit(main(_args))
+    run_script(parse_args(), worker, prepare, main)
