@@ -87,28 +87,28 @@ class EdgeBlock:
     fetched from the peer. ``src`` indexes that table, ``dst`` is the local
     destination and ``edge_pos`` the position in the graph's edge order.
 
-    A halo slice (:meth:`sliced`) is the block of the edges whose sources
-    are rows ``[row_offset, row_offset + num_src)`` of its parent's table;
-    ``key`` tells the blocks of one propagation apart: ``(peer, slice)``.
+    A halo slice (:meth:`sliced`) number ``s`` is the block of the edges
+    whose sources are rows ``[s * rows, s * rows + num_src)`` of its
+    parent's table; ``key`` tells the blocks of one propagation apart:
+    ``(peer, slice)``.
     """
 
     def __init__(self, peer: int, num_src: int, src: Tensor, dst: Tensor,
                  edge_pos: Tensor, num_nodes: int,
-                 chunk_size: Optional[int], row_offset: int = 0,
-                 slice_index: int = 0) -> None:
+                 chunk_size: Optional[int],
+                 slice_index: Optional[int] = None) -> None:
         self.peer = peer
         self.num_src = num_src
         self.src, self.dst, self.edge_pos = src, dst, edge_pos
         self.num_nodes = num_nodes
         self.chunk_size = chunk_size
-        self.row_offset, self.slice_index = row_offset, slice_index
-        self.is_slice = False
+        self.slice_index = slice_index  # None: not a halo slice
         self._chunks: Dict[Optional[int], List[EdgeChunk]] = {}
         self._slices: Dict[int, List['EdgeBlock']] = {}
 
     @property
     def key(self) -> Tuple[int, int]:
-        return self.peer, self.slice_index
+        return self.peer, self.slice_index or 0
 
     @property
     def num_edges(self) -> int:
@@ -125,7 +125,7 @@ class EdgeBlock:
         if max_edges not in self._chunks:
             self._chunks[max_edges] = _make_chunks(
                 self.src, self.dst, self.edge_pos, max_edges, self.num_nodes,
-                cache_csr=not self.is_slice)
+                cache_csr=self.slice_index is None)
         return self._chunks[max_edges]
 
     def sliced(self, rows: Optional[int]) -> List['EdgeBlock']:
@@ -147,13 +147,11 @@ class EdgeBlock:
             for s, size in enumerate(sizes):
                 sel = order[start:start + size]
                 start += size
-                piece = EdgeBlock(
+                slices.append(EdgeBlock(
                     self.peer, min(rows, self.num_src - s * rows),
                     self.src[sel] - s * rows, self.dst[sel],
                     self.edge_pos[sel], self.num_nodes, self.chunk_size,
-                    row_offset=s * rows, slice_index=s)
-                piece.is_slice = True
-                slices.append(piece)
+                    slice_index=s))
             self._slices[rows] = slices
         return self._slices[rows]
 

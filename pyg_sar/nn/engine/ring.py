@@ -31,11 +31,10 @@ _MIN_SLICE_ROWS = 1
 
 @dataclass
 class _Step:
-    """One exchange of the ring: in round ``rnd`` a worker sends rows
-    ``send`` (``(start, stop)`` of ``send_ids[to]``, or ``None``) to ``to``
-    and receives rows ``recv`` of ``recv_ids[frm]`` from ``frm``, the
-    source table of halo slice ``block`` (``None`` when it only sends)."""
-    rnd: int
+    """One exchange of the ring: a worker sends rows ``send`` (``(start,
+    stop)`` of ``send_ids[to]``, or ``None``) to ``to`` and receives rows
+    ``recv`` of ``recv_ids[frm]`` from ``frm``, the source table of halo
+    slice ``block`` (``None`` when it only sends)."""
     to: int
     frm: int
     send: Optional[Tuple[int, int]]
@@ -102,7 +101,7 @@ class RingMixin:
             blocks = (g.remote_block(frm).sliced(rows) if recvs else [])
             for k in range(max(len(sends), len(recvs))):
                 steps.append(_Step(
-                    rnd, to, frm, sends[k] if k < len(sends) else None,
+                    to, frm, sends[k] if k < len(sends) else None,
                     recvs[k] if k < len(recvs) else None,
                     blocks[k] if k < len(recvs) else None))
         return steps
