@@ -11,10 +11,15 @@ MiB, so with the dynamic threshold the resident set grows to the largest
 set of such blocks ever alive plus the holes between them, instead of
 tracking the live tensors.
 
-:func:`configure_allocator` fixes the threshold at 4 MiB, which also
+:func:`configure_allocator` fixes the threshold at 2 MiB, which also
 turns off the dynamic adjustment: node- and edge-sized temporaries then go
-back to the OS when freed, while small per-chunk temporaries are reused
-from the heap. Per-chunk buffers above it must be reused by the engine
+back to the OS when freed, while small per-chunk temporaries (an attention
+chunk's ``[edges, heads]`` scores are 1 MiB) are reused from the heap. The
+threshold is absolute while node-sized blocks shrink with the worker count:
+at 4 MiB, a worker of a 4-way GAT run (25k nodes) served its 3 MiB
+per-head rows from the heap, whose holes held 10 MiB more at the peak than
+the same run at 2 MiB, while one worker on the whole graph mapped those
+blocks and gave them back (issue #11). Per-chunk buffers above it must be reused by the engine
 (e.g. the attention path's per-head scratch buffer), or each one is mapped
 and faulted in anew: before that reuse, GAT's epoch at 100k nodes took
 10.7 s under this threshold instead of 5.6 s (issue #11). It also caps the
@@ -38,7 +43,7 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 _configured: Optional[bool] = None
-MMAP_THRESHOLD = 4 << 20
+MMAP_THRESHOLD = 2 << 20
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@ and agrees with every peer, once, on which rows travel between them.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -347,21 +347,35 @@ class DistGraph:
 
     def post_row_exchange(self, tensors: List[Tensor], send_to, recv_from,
                           send_rows: Optional[Tuple[int, int]] = None,
-                          recv_rows: Optional[Tuple[int, int]] = None
+                          recv_rows: Optional[Tuple[int, int]] = None,
+                          heads_first: Sequence[bool] = ()
                           ) -> comm.PendingExchange:
         """Posts the plan's row exchange for per-node ``tensors``: to each
         peer in ``send_to`` the rows ``send_ids[peer]``, and from each peer in
         ``recv_from`` the rows ``recv_ids[peer]`` of its tensors (same row
         shape and dtype). Peers without rows in the plan are skipped.
         ``send_rows`` / ``recv_rows`` (``(start, stop)``) exchange only that
-        range of those lists (a halo slice)."""
+        range of those lists (a halo slice). A tensor ``k`` with
+        ``heads_first[k]`` (rows ``[H, C]``) travels and arrives head-major,
+        ``[H, rows, C]``, as the attention value path reads it."""
         def ids(table: Dict[int, Tensor], q: int, rows) -> Tensor:
             return table[q] if rows is None else table[q][rows[0]:rows[1]]
 
-        sends = {q: [t[ids(self.send_ids, q, send_rows)] for t in tensors]
+        flags = list(heads_first) + [False] * (len(tensors) - len(heads_first))
+
+        def gather(t: Tensor, hf: bool, index: Tensor) -> Tensor:
+            return t.transpose(0, 1).index_select(1, index) if hf else t[index]
+
+        def shape(t: Tensor, hf: bool, n: int) -> Tuple[int, ...]:
+            return ((t.shape[1], n, *t.shape[2:]) if hf else
+                    (n, *t.shape[1:]))
+
+        sends = {q: [gather(t, hf, ids(self.send_ids, q, send_rows))
+                     for t, hf in zip(tensors, flags)]
                  for q in send_to if q in self.send_ids}
-        shapes = {q: [((int(ids(self.recv_ids, q, recv_rows).numel()),
-                        *t.shape[1:]), t.dtype) for t in tensors]
+        shapes = {q: [(shape(t, hf, int(ids(self.recv_ids, q,
+                                           recv_rows).numel())), t.dtype)
+                      for t, hf in zip(tensors, flags)]
                   for q in recv_from if q in self.recv_ids}
         return comm.post_exchange(sends, shapes, tensors[0].device)
 

@@ -87,7 +87,7 @@ test_device.__test__ = False  # a helper, not a test (imported by tests)
 
 def halo_slices_with_chunks(chunk) -> None:
     """The exactness tests' chunked runs also move halo rows in slices of a
-    few rows (``halo_slice_bytes``; the default, 4 MiB, is more than these
+    few rows (``halo_slice_bytes``; the default, 8 MiB, is more than these
     graphs' whole halo); the other runs use the default."""
     import pyg_sar
     from pyg_sar.comm.state import CommConfig

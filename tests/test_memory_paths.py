@@ -1,5 +1,6 @@
 """The memory-saving paths (issue #11): the fused ReLU + dropout, SAGE's
-``transform_first`` and ``propagate(add_to=)`` keep results equal."""
+``transform_first`` and ``propagate(add_to=)`` keep results equal, and the
+ring holds at most ``pipeline_depth + 1`` fetched steps at once."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,6 +151,50 @@ def test_propagate_add_to_is_the_sum(tmp_path):
             torch.testing.assert_close(base_grad, base.grad[ids])
             torch.testing.assert_close(diff, torch.zeros_like(diff),
                                        rtol=0, atol=1e-5)
+
+
+def _ring_buffers(rank, world_size, root, depth):
+    import weakref
+    from pyg_sar import comm
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part)
+    comm.configure(pipeline_depth=depth, halo_slice_bytes=48)
+    fetched, most = [], [0]
+    post = comm.post_exchange
+
+    def counting_post(sends, shapes, device=None, channel='default'):
+        if channel == 'default':  # the ring's fetches, not gradients
+            most[0] = max(most[0], sum(any(r() is not None for r in refs)
+                                       for refs in fetched))
+        pending = post(sends, shapes, device, channel)
+        if channel == 'default':
+            fetched.append([weakref.ref(t) for rows in
+                            pending._received.values() for t in rows])
+        return pending
+
+    comm.post_exchange = counting_post
+    try:
+        torch.manual_seed(0)
+        for conv in (pyg_sar.nn.SAGEConv(6, 4),  # sliced: many steps
+                     pyg_sar.nn.GATConv(6, 2, heads=2, dropout=0.3)):
+            x = part.x.clone().requires_grad_()
+            conv(x, graph).sum().backward()
+    finally:
+        comm.post_exchange = post
+    return most[0], len(fetched)
+
+
+@pytest.mark.parametrize('depth', [0, 1, 2])
+def test_ring_holds_at_most_depth_plus_one_fetched_steps(tmp_path, depth):
+    """When a step is posted, only the ``pipeline_depth`` steps before it
+    may still be held (the one being computed and those in flight): a
+    step's rows are dropped before the next is fetched, in forward and in
+    the attention backward's re-fetch."""
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(hard_graph(), 4, root)
+    for most, posts in run_workers(_ring_buffers, 4, root, depth):
+        assert posts > 12  # many halo slices, three peers
+        assert most <= depth
 
 
 def test_gnn_marks_sage_for_transform_first():

@@ -72,7 +72,9 @@ class AttentionMixin:
                 else:
                     self._add_per_head_spmm(part, chunk, weight, heads)
                 run_max[lo:hi] = new_max
-        out = out / (run_sum + _SOFTMAX_EPS).unsqueeze(-1)
+            # This block's rows go before the ring posts the next fetch.
+            tables = named = heads = outputs = made = value = None
+        out.div_((run_sum + _SOFTMAX_EPS).unsqueeze(-1))
         self.state.update(out=out, run_max=run_max, run_sum=run_sum,
                           kept=kept)
         return out

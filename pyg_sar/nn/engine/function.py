@@ -229,8 +229,11 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         param_grads: Dict[int, Tensor] = {}
         # Gradients of destination and edge tensors, summed over chunks.
         local_grads: Dict[int, Tensor] = {}
-        delta = ((grad_out * self.state['out']).sum(-1)
-                 if plan.kind == 'attention' else None)
+        delta = None
+        if plan.kind == 'attention':
+            # The output is needed for D = dO . out only: let it go before
+            # the ring (the runner's one backward is its last use).
+            delta = (grad_out * self.state.pop('out')).sum(-1)
 
         def chunk_grads(key, chunk, c_idx, tables, made, outputs,
                         acc: List[Tensor], heads: Optional[Tensor]) -> None:

@@ -38,6 +38,8 @@ class ReduceMixin:
                     kept.append((block.key, chunk, c_idx, made, outputs,
                                  None))
                 self._combine(out, count, outputs[0].detach(), chunk)
+            # This block's rows go before the ring posts the next fetch.
+            tables = named = outputs = made = None
         if self.plan.aggr == 'mean':
             out = out / _per_row(g.in_degree.clamp(min=1), out)
         elif count is not None:

@@ -106,25 +106,44 @@ class RingMixin:
                     blocks[k] if k < len(recvs) else None))
         return steps
 
+    def _heads_first(self) -> List[bool]:
+        """Which source tables travel head-major: the attention value table,
+        whose per-head products read it so (no copy on arrival)."""
+        value = self.plan.value_source
+        return [self.plan.kind == 'attention' and name == value
+                for name in self.src_names]
+
     def _post_fetch(self, step: _Step):
         return self.graph.post_row_exchange(
             self.sources, [step.to] if step.send else [],
-            [step.frm] if step.recv else [], step.send, step.recv)
+            [step.frm] if step.recv else [], step.send, step.recv,
+            self._heads_first())
 
     def _fetched_steps(self) -> Iterator[Tuple[_Step, Optional[List[Tensor]]]]:
-        """Yields ``(step, tables)`` for every step of the ring, with
-        ``pipeline_depth`` steps posted ahead; ``tables`` is ``None`` in a
-        step where this worker only sends."""
+        """Yields ``(step, tables)`` for every step of the ring; ``tables``
+        is ``None`` in a step where this worker only sends. Once a step's
+        rows are here, the next ``pipeline_depth`` steps are posted: they
+        travel while this one is computed. The previous step's rows are gone
+        by then (callers drop them before asking for the next step), so at
+        most ``pipeline_depth + 1`` steps' buffers exist at once."""
         steps = self._steps()
-        depth = comm.config().pipeline_depth + 1
+        depth = comm.config().pipeline_depth
         pending: Dict[int, Any] = {}
         for k, step in enumerate(steps):
-            for ahead in range(k, min(k + depth, len(steps))):
+            if k not in pending:
+                pending[k] = self._post_fetch(step)
+            received = pending.pop(k).wait()
+            tables = None
+            if step.block is not None:
+                # Head-major arrivals are handed on as row-major views.
+                tables = [t.transpose(0, 1) if hf else t for t, hf in
+                          zip(received[step.frm], self._heads_first())]
+            del received
+            for ahead in range(k + 1, min(k + 1 + depth, len(steps))):
                 if ahead not in pending:
                     pending[ahead] = self._post_fetch(steps[ahead])
-            received = pending.pop(k).wait()
-            yield step, (received[step.frm] if step.block is not None
-                         else None)
+            yield step, tables
+            del tables
 
     def _halo_tables(self) -> List[Tensor]:
         """``one_shot``: all remote rows in one exchange, stacked after the
@@ -150,6 +169,7 @@ class RingMixin:
         for step, tables in self._fetched_steps():
             if step.block is not None:
                 yield step.block, tables
+            del tables  # before the next step is posted
 
     # Gradient routing ########################################################
 
@@ -202,17 +222,12 @@ class RingMixin:
             self._add_src_rows(k, tg)
         steps = (self._fetched_steps() if refetch else
                  ((step, None) for step in self._steps()))
-        pending = None
         for step, tables in steps:
-            # Finish the previous step's gradient exchange first: its
-            # buffers are freed before this step's gradients are built.
-            if pending is not None:
-                self._receive_grads(*pending)
-                pending = None
             sends = ({step.frm: block_grad(step.block, tables)}
                      if step.block is not None else {})
             expect = {step.to: step.send} if step.send else {}
-            pending = (self._post_grads(sends, expect), expect)
+            pending = self._post_grads(sends, expect)
             del sends, tables
-        if pending is not None:
-            self._receive_grads(*pending)
+            # The step's gradient exchange ends before the next step is
+            # fetched, so its buffers never overlap the next step's.
+            self._receive_grads(pending, expect)

@@ -97,6 +97,8 @@ class SparseMixin:
                 csr_into(out[chunk.row_start:chunk.row_end].view(
                     chunk.row_end - chunk.row_start, -1), crow, col, values,
                     (chunk.row_end - chunk.row_start, block.num_src), flat)
+            # This block's rows go before the ring posts the next fetch.
+            tables = x = flat = None
         if self.plan.aggr == 'mean' and inv_deg is None:
             out.div_(_per_row(g.in_degree.clamp(min=1), out))
         return out
