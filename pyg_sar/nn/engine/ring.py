@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
+from pyg_sar._malloc import trim_heap
 from pyg_sar.graph import EdgeBlock
 
 # A re-fetch and a gradient send-back between the same two ranks can be in
@@ -220,6 +221,9 @@ class RingMixin:
             return
         for k, tg in enumerate(block_grad(g.local_block, self.sources)):
             self._add_src_rows(k, tg)
+        # The local block's per-chunk temporaries (its edges are most of a
+        # worker's) go back to the OS before the ring's buffers arrive.
+        trim_heap()
         steps = (self._fetched_steps() if refetch else
                  ((step, None) for step in self._steps()))
         for step, tables in steps:
