@@ -129,6 +129,14 @@ def prepare(args: argparse.Namespace) -> None:
 def _prepare(num_nodes: int, work: str, counts: List[int]) -> dict:
     os.makedirs(work, exist_ok=True)
     info = osp.join(work, 'prepare.json')
+    if osp.exists(info):
+        # A work dir prepared for other worker counts: partition for the
+        # union (a count it lacks would otherwise be skipped silently).
+        with open(info) as f:
+            have = {int(k) for k in json.load(f)['parts']}
+        if not set(counts) <= have:
+            counts = sorted(have | set(counts))
+            os.remove(info)
     if not osp.exists(info):
         subprocess.run([sys.executable, osp.abspath(__file__), '--prepare',
                         '--result', info, '--work-dir', work, '--num-nodes',
