@@ -133,7 +133,9 @@ class AttentionMixin:
         """:meth:`_attention_grads` for values that are source rows: the
         value gradient ``A_h^T (p z) dO_h`` and the per-edge products
         ``dO_i . v_j`` (sampled dense-dense products) are taken per head on
-        the chunk's sparsity pattern; only ``[E, H]`` tensors are built."""
+        the chunk's sparsity pattern; only ``[E, H]`` tensors are built.
+        ``value_grad`` is a row-major view of head-major memory
+        (:meth:`_source_rows`)."""
         prob, mask = self._probabilities(key, chunk, c_idx, score)
         weighted = prob * mask
         num_src = heads.shape[1]
@@ -158,22 +160,14 @@ class AttentionMixin:
                 dot[:, h] = (g_heads[h].index_select(0, chunk.dst - lo) *
                              heads[h].index_select(0, chunk.src)).sum(-1)
             if value_grad is not None:
-                buf = self._head_buffer(num_src, heads.shape[2], prob)
-                csr_into(buf, crow_t, col_t, weighted[perm, h].contiguous(),
-                         (num_src, hi - lo), g_heads[h], accumulate=False)
-                value_grad[:, h] += buf
+                # Added in place into the head-major gradient (a contiguous
+                # [num_src, C] per head): no per-chunk buffer, no pass over
+                # the whole table per chunk and head.
+                csr_into(value_grad.transpose(0, 1)[h], crow_t, col_t,
+                         weighted[perm, h].contiguous(), (num_src, hi - lo),
+                         g_heads[h])
         grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
         return (grad_score, )
-
-    def _head_buffer(self, rows: int, cols: int, like: Tensor) -> Tensor:
-        """A ``[rows, cols]`` scratch buffer reused by every per-head
-        product of this backward (one allocation, not one per chunk and
-        head, each of which the allocator would map and fault in anew)."""
-        buf = self.state.get('head_buffer')
-        if buf is None or buf.numel() < rows * cols or \
-                buf.dtype != like.dtype:
-            buf = self.state['head_buffer'] = like.new_empty(rows * cols)
-        return buf[:rows * cols].view(rows, cols)
 
     def _attention_grads(self, key: Tuple[int, int], chunk: EdgeChunk,
                          c_idx: int,

@@ -204,7 +204,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             if current is None:
                 current = self.src_grads[k] = self._source_rows(
                     self.graph.num_src_nodes, k)
-            current.index_add_(0, index, value)
+            _index_add_rows(current, index, value)
 
     def _add(self, slot_idx: int, value: Optional[Tensor]) -> None:
         if value is None or not self.needs_grad[slot_idx]:
@@ -213,8 +213,13 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         self.grads[slot_idx] = value if current is None else current + value
 
     def _source_rows(self, num_rows: int, k: int) -> Tensor:
-        """Zeros shaped like ``num_rows`` rows of source tensor ``k``."""
+        """Zeros shaped like ``num_rows`` rows of source tensor ``k``; for
+        the attention value table (:meth:`_heads_first`), a row-major view
+        of head-major memory, which the per-head products add into."""
         row, dtype, device = self.source_meta[k]
+        if self._heads_first()[k]:
+            return torch.zeros((row[0], num_rows, *row[1:]), dtype=dtype,
+                               device=device).transpose(0, 1)
         return torch.zeros((num_rows, *row), dtype=dtype, device=device)
 
     def _backward_general(self, grad_out: Tensor) -> None:
@@ -270,7 +275,8 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
                 # 3x slower with an int32 index.
                 index = made[key][1].long()
                 if kind == 'src':
-                    acc[self.src_names.index(ref)].index_add_(0, index, value)
+                    _index_add_rows(acc[self.src_names.index(ref)], index,
+                                    value)
                 else:
                     if ref not in local_grads:
                         local_grads[ref] = torch.zeros_like(self.tensors[ref])
@@ -310,3 +316,14 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         for s, p in self.params.items():
             if id(p) in param_grads:
                 self._add(s, param_grads[id(p)])
+
+
+def _index_add_rows(target: Tensor, index: Tensor, value: Tensor) -> None:
+    """``target.index_add_(0, index, value)``; a row-major view of
+    head-major memory is added into along its heads' rows instead (CPU
+    ``index_add_`` into a strided view is several times slower)."""
+    if target.dim() > 2 and not target.is_contiguous() and \
+            target.transpose(0, 1).is_contiguous():
+        target.transpose(0, 1).index_add_(1, index, value.transpose(0, 1))
+    else:
+        target.index_add_(0, index, value)

@@ -181,8 +181,14 @@ class RingMixin:
         that ``peer`` computed."""
         if not self.any_src_grad:  # every rank runs the same model
             sends, expect = {}, {}
-        shapes = {q: [((stop - start, *row), dtype)
-                      for row, dtype, _ in self.source_meta]
+        # The value table's gradient travels head-major, as it is built.
+        flags = self._heads_first()
+        sends = {q: [t.transpose(0, 1) if hf else t
+                     for t, hf in zip(tensors, flags)]
+                 for q, tensors in sends.items()}
+        shapes = {q: [(((row[0], stop - start, *row[1:]) if hf else
+                        (stop - start, *row)), dtype)
+                      for (row, dtype, _), hf in zip(self.source_meta, flags)]
                   for q, (start, stop) in expect.items()}
         return comm.post_exchange(sends, shapes, self.source_meta[0][2],
                                   _GRAD_CHANNEL)
@@ -193,8 +199,8 @@ class RingMixin:
         for frm, rows in received.items():
             start, stop = expect[frm]
             ids = self.graph.send_ids[frm][start:stop]
-            for k, r in enumerate(rows):
-                self._add_src_rows(k, r, ids)
+            for k, (r, hf) in enumerate(zip(rows, self._heads_first())):
+                self._add_src_rows(k, r.transpose(0, 1) if hf else r, ids)
 
     def _route(self, block_grad: Callable[[EdgeBlock, Optional[List[Tensor]]],
                                           List[Tensor]],
