@@ -59,11 +59,12 @@ class AttentionMixin:
                 scale = torch.where(new_max == float('-inf'),
                                     torch.zeros_like(new_max),
                                     torch.exp(old_max - new_max))
-                weight = torch.exp(score - new_max.gather(0, idx))
+                weight = (score - new_max.gather(0, idx)).exp_()
                 run_sum[lo:hi] = run_sum[lo:hi] * scale + torch.zeros_like(
                     old_max).scatter_add_(0, idx, weight)
-                weight = weight * self._dropout_mask(block.key, c_idx,
-                                                     weight)
+                mask = self._dropout_mask(block.key, c_idx, weight)
+                if not isinstance(mask, float):  # (1.0 without dropout)
+                    weight = weight * mask
                 part = out[lo:hi]  # a view: updated in place
                 part.mul_(scale.unsqueeze(-1))
                 if heads is None:
@@ -121,9 +122,11 @@ class AttentionMixin:
                        score: Tensor):
         """The chunk's softmax probabilities, recomputed from the saved
         per-destination max and sum, and its replayed dropout mask."""
-        m = self.state['run_max'].index_select(0, chunk.dst)
-        s = self.state['run_sum'].index_select(0, chunk.dst) + _SOFTMAX_EPS
-        prob = torch.exp(score.detach() - m) / s
+        # In place: one [E, H] temporary besides the result.
+        prob = score.detach() - self.state['run_max'].index_select(
+            0, chunk.dst)
+        prob.exp_().div_(self.state['run_sum'].index_select(
+            0, chunk.dst).add_(_SOFTMAX_EPS))
         return prob, self._dropout_mask(key, c_idx, prob)
 
     def _sparse_attention_grads(self, key: Tuple[int, int], chunk: EdgeChunk,
@@ -137,7 +140,8 @@ class AttentionMixin:
         ``value_grad`` is a row-major view of head-major memory
         (:meth:`_source_rows`)."""
         prob, mask = self._probabilities(key, chunk, c_idx, score)
-        weighted = prob * mask
+        # (no copy without dropout: the mask is then 1.0)
+        weighted = prob if isinstance(mask, float) else prob * mask
         num_src = heads.shape[1]
         lo, hi = chunk.row_start, chunk.row_end
         g_heads = grad_out[lo:hi].transpose(0, 1)  # head-major view
@@ -166,8 +170,11 @@ class AttentionMixin:
                 csr_into(value_grad.transpose(0, 1)[h], crow_t, col_t,
                          weighted[perm, h].contiguous(), (num_src, hi - lo),
                          g_heads[h])
-        grad_score = prob * (mask * dot - delta.index_select(0, chunk.dst))
-        return (grad_score, )
+        del weighted
+        # p (z dO.v - D), in place in dot
+        if not isinstance(mask, float):
+            dot.mul_(mask)
+        return (dot.sub_(delta.index_select(0, chunk.dst)).mul_(prob), )
 
     def _attention_grads(self, key: Tuple[int, int], chunk: EdgeChunk,
                          c_idx: int,
