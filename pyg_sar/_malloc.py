@@ -19,10 +19,11 @@ threshold is absolute while node-sized blocks shrink with the worker count:
 at 4 MiB, a worker of a 4-way GAT run (25k nodes) served its 3 MiB
 per-head rows from the heap, whose holes held 10 MiB more at the peak than
 the same run at 2 MiB, while one worker on the whole graph mapped those
-blocks and gave them back (issue #11). Per-chunk buffers above it must be reused by the engine
-(e.g. the attention path's per-head scratch buffer), or each one is mapped
-and faulted in anew: before that reuse, GAT's epoch at 100k nodes took
-10.7 s under this threshold instead of 5.6 s (issue #11). It also caps the
+blocks and gave them back (issue #11). A per-chunk buffer above it is
+mapped and faulted in anew on every use, so the engine builds none (the
+attention backward adds each chunk's per-head products in place into its
+gradient): when it allocated one per chunk and head, GAT's epoch at 100k
+nodes took 10.7 s under a 4 MiB threshold instead of 5.6 s. It also caps the
 heap arenas at 4. :class:`pyg_sar.DistGraph` and
 :func:`pyg_sar.init_distributed` call it once per process, so no environment
 variable (``MALLOC_MMAP_THRESHOLD_``) is needed; the DistGraph also returns

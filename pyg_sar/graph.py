@@ -366,15 +366,12 @@ class DistGraph:
         def gather(t: Tensor, hf: bool, index: Tensor) -> Tensor:
             return t.transpose(0, 1).index_select(1, index) if hf else t[index]
 
-        def shape(t: Tensor, hf: bool, n: int) -> Tuple[int, ...]:
-            return ((t.shape[1], n, *t.shape[2:]) if hf else
-                    (n, *t.shape[1:]))
-
         sends = {q: [gather(t, hf, ids(self.send_ids, q, send_rows))
                      for t, hf in zip(tensors, flags)]
                  for q in send_to if q in self.send_ids}
-        shapes = {q: [(shape(t, hf, int(ids(self.recv_ids, q,
-                                           recv_rows).numel())), t.dtype)
+        shapes = {q: [(rows_shape(int(ids(self.recv_ids, q,
+                                          recv_rows).numel()),
+                                  t.shape[1:], hf), t.dtype)
                       for t, hf in zip(tensors, flags)]
                   for q in recv_from if q in self.recv_ids}
         return comm.post_exchange(sends, shapes, tensors[0].device)
@@ -517,3 +514,12 @@ class DistGraph:
                 f"nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"halo={self.num_halo_nodes}, mode={self.mode!r}, "
                 f"chunk_size={self.chunk_size})")
+
+
+def rows_shape(num_rows: int, row: Sequence[int],
+               heads_first: bool = False) -> Tuple[int, ...]:
+    """The shape of ``num_rows`` rows shaped ``row``; head-major
+    (``[H, num_rows, C]`` for rows ``[H, C]``) with ``heads_first``."""
+    if heads_first:
+        return (row[0], num_rows, *row[1:])
+    return (num_rows, *row)

@@ -24,7 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from pyg_sar import comm
 from pyg_sar._malloc import trim_heap
-from pyg_sar.graph import EdgeBlock, EdgeChunk
+from pyg_sar.graph import EdgeBlock, EdgeChunk, rows_shape
 from pyg_sar.nn.engine.attention import AttentionMixin
 from pyg_sar.nn.engine.messages import MessageMixin
 from pyg_sar.nn.engine.reduce import ReduceMixin, _per_row
@@ -91,6 +91,11 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         # backward needs of them when it needs no values.
         self.source_meta = [(t.shape[1:], t.dtype, t.device)
                             for t in self.sources]
+        # The attention value table is fetched, and its gradient built and
+        # sent, head-major: its per-head products read and write it so.
+        self.heads_first = [plan.kind == 'attention' and
+                            name == plan.value_source
+                            for name in self.src_names]
         self.num_inputs = len(self.tensors)
         self.max_chunk_edges = self._chunk_limit()
         self.state: Dict[str, Any] = {}
@@ -214,13 +219,13 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
 
     def _source_rows(self, num_rows: int, k: int) -> Tensor:
         """Zeros shaped like ``num_rows`` rows of source tensor ``k``; for
-        the attention value table (:meth:`_heads_first`), a row-major view
-        of head-major memory, which the per-head products add into."""
+        the attention value table (``heads_first``), a row-major view of
+        head-major memory, which the per-head products add into."""
         row, dtype, device = self.source_meta[k]
-        if self._heads_first()[k]:
-            return torch.zeros((row[0], num_rows, *row[1:]), dtype=dtype,
-                               device=device).transpose(0, 1)
-        return torch.zeros((num_rows, *row), dtype=dtype, device=device)
+        hf = self.heads_first[k]
+        zeros = torch.zeros(rows_shape(num_rows, row, hf), dtype=dtype,
+                            device=device)
+        return zeros.transpose(0, 1) if hf else zeros
 
     def _backward_general(self, grad_out: Tensor) -> None:
         """Recompute (or reuse) each chunk's messages, then backpropagate the

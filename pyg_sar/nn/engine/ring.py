@@ -21,7 +21,7 @@ from torch import Tensor
 
 from pyg_sar import comm
 from pyg_sar._malloc import trim_heap
-from pyg_sar.graph import EdgeBlock
+from pyg_sar.graph import EdgeBlock, rows_shape
 
 # A re-fetch and a gradient send-back between the same two ranks can be in
 # flight together, so the send-back has its own channel (a process group).
@@ -107,18 +107,19 @@ class RingMixin:
                     blocks[k] if k < len(recvs) else None))
         return steps
 
-    def _heads_first(self) -> List[bool]:
-        """Which source tables travel head-major: the attention value table,
-        whose per-head products read it so (no copy on arrival)."""
-        value = self.plan.value_source
-        return [self.plan.kind == 'attention' and name == value
-                for name in self.src_names]
+    def _swap_heads(self, tensors: List[Tensor]) -> List[Tensor]:
+        """Source tables (or their gradients) with the head-major ones
+        (``heads_first``) seen the other way round: the row-major view of a
+        head-major arrival, or the head-major memory behind a row-major
+        view (what travels)."""
+        return [t.transpose(0, 1) if hf else t
+                for t, hf in zip(tensors, self.heads_first)]
 
     def _post_fetch(self, step: _Step):
         return self.graph.post_row_exchange(
             self.sources, [step.to] if step.send else [],
             [step.frm] if step.recv else [], step.send, step.recv,
-            self._heads_first())
+            self.heads_first)
 
     def _fetched_steps(self) -> Iterator[Tuple[_Step, Optional[List[Tensor]]]]:
         """Yields ``(step, tables)`` for every step of the ring; ``tables``
@@ -134,11 +135,8 @@ class RingMixin:
             if k not in pending:
                 pending[k] = self._post_fetch(step)
             received = pending.pop(k).wait()
-            tables = None
-            if step.block is not None:
-                # Head-major arrivals are handed on as row-major views.
-                tables = [t.transpose(0, 1) if hf else t for t, hf in
-                          zip(received[step.frm], self._heads_first())]
+            tables = (self._swap_heads(received[step.frm])
+                      if step.block is not None else None)
             del received
             for ahead in range(k + 1, min(k + 1 + depth, len(steps))):
                 if ahead not in pending:
@@ -182,13 +180,11 @@ class RingMixin:
         if not self.any_src_grad:  # every rank runs the same model
             sends, expect = {}, {}
         # The value table's gradient travels head-major, as it is built.
-        flags = self._heads_first()
-        sends = {q: [t.transpose(0, 1) if hf else t
-                     for t, hf in zip(tensors, flags)]
+        sends = {q: self._swap_heads(tensors)
                  for q, tensors in sends.items()}
-        shapes = {q: [(((row[0], stop - start, *row[1:]) if hf else
-                        (stop - start, *row)), dtype)
-                      for (row, dtype, _), hf in zip(self.source_meta, flags)]
+        shapes = {q: [(rows_shape(stop - start, row, hf), dtype)
+                      for (row, dtype, _), hf in zip(self.source_meta,
+                                                     self.heads_first)]
                   for q, (start, stop) in expect.items()}
         return comm.post_exchange(sends, shapes, self.source_meta[0][2],
                                   _GRAD_CHANNEL)
@@ -199,8 +195,8 @@ class RingMixin:
         for frm, rows in received.items():
             start, stop = expect[frm]
             ids = self.graph.send_ids[frm][start:stop]
-            for k, (r, hf) in enumerate(zip(rows, self._heads_first())):
-                self._add_src_rows(k, r.transpose(0, 1) if hf else r, ids)
+            for k, r in enumerate(self._swap_heads(rows)):
+                self._add_src_rows(k, r, ids)
 
     def _route(self, block_grad: Callable[[EdgeBlock, Optional[List[Tensor]]],
                                           List[Tensor]],
