@@ -364,7 +364,14 @@ class DistGraph:
         flags = list(heads_first) + [False] * (len(tensors) - len(heads_first))
 
         def gather(t: Tensor, hf: bool, index: Tensor) -> Tensor:
-            return t.transpose(0, 1).index_select(1, index) if hf else t[index]
+            # Into a reused buffer (comm.buffers) inside a propagation.
+            out = comm.buffers.empty(rows_shape(int(index.numel()),
+                                                t.shape[1:], hf),
+                                     t.dtype, t.device)
+            if hf:
+                return torch.index_select(t.transpose(0, 1), 1, index,
+                                          out=out)
+            return torch.index_select(t, 0, index, out=out)
 
         sends = {q: [gather(t, hf, ids(self.send_ids, q, send_rows))
                      for t, hf in zip(tensors, flags)]

@@ -20,6 +20,8 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
   :func:`ask_owners`,
   :func:`global_sum`, :func:`global_count`.
 - :mod:`~pyg_sar.comm.p2p`: :func:`post_exchange`, :class:`PendingExchange`.
+- :mod:`~pyg_sar.comm.buffers`: :func:`reusing_buffers`, the reuse of a
+  propagation's exchange buffers.
 - :mod:`~pyg_sar.comm.channels`: :func:`ensure_channels`, the process groups
   that keep concurrent exchanges apart (no tags).
 - :mod:`~pyg_sar.comm.model`: :func:`sync_params`, :func:`all_reduce_grads`,
@@ -27,8 +29,9 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 - :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
   :func:`load_replicated`, :func:`replicated_specs`.
 """
-from pyg_sar.comm import (channels, checkpoint_io, collectives, errors, p2p,
-                          process_group, state)
+from pyg_sar.comm import (buffers, channels, checkpoint_io, collectives,
+                          errors, p2p, process_group, state)
+from pyg_sar.comm.buffers import reusing_buffers
 from pyg_sar.comm.channels import ensure_channels
 from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
                                         save_replicated)
@@ -53,6 +56,7 @@ __all__ = [
     'find_free_port',
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
     'replicated_specs', 'ensure_channels', 'report_failure',
+    'reusing_buffers',
 ]
 
 # Internals reached as ``pyg_sar.comm._name`` (tests use ``_peer_error``).
@@ -73,3 +77,4 @@ _all_to_all_counts = collectives._all_to_all_counts
 _split = p2p._split
 _dcp_no_dist = checkpoint_io._dcp_no_dist
 _dcp_error = checkpoint_io._dcp_error
+_BUFFER_POOL = buffers._POOL

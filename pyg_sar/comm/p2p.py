@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from pyg_sar.comm import buffers
 from pyg_sar.comm.channels import channel_group
 from pyg_sar.comm.errors import _peer_error, _wait
 from pyg_sar.comm.process_group import _comm_device
@@ -94,7 +95,7 @@ def post_exchange(
     for peer, specs in recv_shapes.items():
         out = []
         for shape, dtype in specs:
-            buf = torch.empty(shape, dtype=dtype, device=device)
+            buf = buffers.empty(shape, dtype, device)
             if buf.numel() > 0:
                 wire = _comm_device(buf)
                 for piece in _split(wire.view(-1)):

@@ -36,12 +36,19 @@ class CommConfig:
             arrives, so the halo memory in flight stays a few slices
             whatever the partition's cut (0: one exchange per peer). Every
             rank must use the same value.
+        reuse_buffers: Within one propagation, reuse the CPU exchange
+            buffers a step let go for later steps instead of faulting in
+            fresh pages every step (:mod:`pyg_sar.comm.buffers`).
+        reuse_buffers_from: The smallest buffer (bytes) that is reused;
+            smaller ones come from malloc's heap, which reuses them itself.
     """
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024
     pipeline_depth: int = 1
     edge_memory_budget: int = 16 * 1024 * 1024
     halo_slice_bytes: int = 8 * 1024 * 1024
+    reuse_buffers: bool = True
+    reuse_buffers_from: int = 1024 * 1024
 
 
 _CONFIG = CommConfig()
@@ -51,15 +58,16 @@ _STATS: Dict[str, int] = {}
 def reset_comm_stats() -> None:
     """Zeroes the counters reported by :func:`comm_stats`."""
     _STATS.update(bytes_sent=0, bytes_received=0, messages_sent=0,
-                  messages_received=0, collectives=0)
+                  messages_received=0, collectives=0, buffers_reused=0)
 
 
 reset_comm_stats()
 
 
 def comm_stats(reset: bool = False) -> Dict[str, int]:
-    """Bytes and messages this rank sent and received, and the number of
-    collective calls (exchanges and reductions), since the last reset.
+    """Bytes and messages this rank sent and received, the number of
+    collective calls (exchanges and reductions) and of exchange buffers
+    reused (:mod:`pyg_sar.comm.buffers`), since the last reset.
 
     Args:
         reset: Zero the counters after reading them.
@@ -79,15 +87,20 @@ def configure(timeout: Optional[timedelta] = None,
               max_bytes_per_message: Optional[int] = None,
               pipeline_depth: Optional[int] = None,
               edge_memory_budget: Optional[int] = None,
-              halo_slice_bytes: Optional[int] = None) -> CommConfig:
+              halo_slice_bytes: Optional[int] = None,
+              reuse_buffers: Optional[bool] = None,
+              reuse_buffers_from: Optional[int] = None) -> CommConfig:
     """Changes the settings of :class:`CommConfig`; ``None`` keeps one."""
     if timeout is not None:
         _CONFIG.timeout = timeout
+    if reuse_buffers is not None:
+        _CONFIG.reuse_buffers = bool(reuse_buffers)
     for name, value, minimum in (
             ('max_bytes_per_message', max_bytes_per_message, 1),
             ('pipeline_depth', pipeline_depth, 0),
             ('edge_memory_budget', edge_memory_budget, 1),
-            ('halo_slice_bytes', halo_slice_bytes, 0)):
+            ('halo_slice_bytes', halo_slice_bytes, 0),
+            ('reuse_buffers_from', reuse_buffers_from, 0)):
         if value is None:
             continue
         if value < minimum:

@@ -9,6 +9,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from pyg_sar import comm
 from pyg_sar.graph import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.reduce import _per_row
 
@@ -127,7 +128,9 @@ class SparseMixin:
                 rows = flat_g[chunk.row_start:chunk.row_end]
                 shape = (block.num_src, chunk.row_end - chunk.row_start)
                 if acc is None:
-                    acc = flat_g.new_empty((block.num_src, flat_g.shape[1]))
+                    acc = comm.buffers.empty(
+                        (block.num_src, flat_g.shape[1]), flat_g.dtype,
+                        flat_g.device)
                     csr_into(acc, crow, col, values, shape, rows,
                              accumulate=False)
                 else:

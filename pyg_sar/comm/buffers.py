@@ -1,0 +1,109 @@
+"""Reuse of the exchange buffers of one propagation (CPU).
+
+A SAR propagation moves every halo row through freshly allocated buffers:
+the rows a worker gathers to send, the rows it receives, the gradients it
+computes for a peer and those it receives back. On CPU each such buffer
+above glibc's mmap threshold (which :mod:`pyg_sar._malloc` fixes at 2 MiB)
+is a new mapping whose every page the kernel faults in and zeroes on first
+touch, and unmaps on free. At 4 workers on the 200k-node benchmark graph
+that was ~390 MiB of freshly faulted pages per worker and epoch, a third of
+all it allocated, and the extra system time made 4 workers slower than one.
+
+Inside :func:`reusing_buffers` (the engine opens it around each
+propagation's forward and backward), :func:`empty` hands out a buffer that
+a previous step of the same propagation let go, when one is large enough,
+instead of a new one. A buffer counts as let go only when nothing but this
+pool holds its storage (not a view, not autograd, not an in-flight send or
+receive of the transport), so a reused buffer can never be one somebody
+still reads. When the outermost scope closes, the pool drops its
+references: no memory is held between propagations, so the peak of the
+epoch is not raised. Buffers come back uninitialized; callers overwrite
+them whole (or zero them). CUDA tensors are never pooled (the caching
+allocator already reuses them), nor is anything outside a scope. The pool
+is per thread.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator, List, Sequence
+
+import torch
+from torch import Tensor
+
+from pyg_sar.comm.state import _CONFIG, _STATS
+
+# A new buffer is this much larger than asked for, so that the similar but
+# not equal tables of the next peers fit in it (pages never written are
+# never faulted in, so the slack costs no memory).
+_SLACK = 1.125
+
+
+class _Pool(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+        self.buffers: List[Tensor] = []  # flat uint8 bases
+
+
+_POOL = _Pool()
+
+
+# How many references a storage has; without it nothing is reused.
+_USE_COUNT = getattr(torch._C, '_storage_Use_Count', None)
+
+
+def _unused(base: Tensor) -> bool:
+    """Whether only the pool's own tensor holds ``base``'s storage (the
+    count also includes the temporary storage object of this call)."""
+    return _USE_COUNT(base.untyped_storage()._cdata) <= 2
+
+
+@contextlib.contextmanager
+def reusing_buffers() -> Iterator[None]:
+    """Pools the exchange buffers of everything inside (nestable; the pool
+    is emptied when the outermost scope ends)."""
+    _POOL.depth += 1
+    try:
+        yield
+    finally:
+        _POOL.depth -= 1
+        if _POOL.depth == 0:
+            _POOL.buffers = []
+
+
+def empty(shape: Sequence[int], dtype: torch.dtype,
+          device: torch.device) -> Tensor:
+    """An uninitialized tensor, from the pool inside :func:`reusing_buffers`
+    on CPU (the smallest let-go buffer that fits) for buffers of at least
+    ``reuse_buffers_from`` bytes (:class:`~pyg_sar.comm.CommConfig`), else
+    new."""
+    device = torch.device(device)
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    nbytes = numel * dtype.itemsize
+    if (_POOL.depth == 0 or device.type != 'cpu' or not _CONFIG.reuse_buffers
+            or _USE_COUNT is None or nbytes == 0
+            or nbytes < _CONFIG.reuse_buffers_from):
+        return torch.empty(shape, dtype=dtype, device=device)
+    free = [b for b in _POOL.buffers if _unused(b)]
+    fits = [b for b in free if b.numel() >= nbytes]
+    if fits:
+        base = min(fits, key=Tensor.numel)
+        _STATS['buffers_reused'] += 1
+    else:
+        # Let-go buffers too small for this one would only be held: drop
+        # them before mapping a new one.
+        held = {id(b) for b in free}
+        _POOL.buffers = [b for b in _POOL.buffers if id(b) not in held]
+        base = torch.empty(int(nbytes * _SLACK) + 64, dtype=torch.uint8,
+                           device=device)
+        _POOL.buffers.append(base)
+    # The start of a fresh allocation is aligned for every dtype.
+    return base[:nbytes].view(dtype).view(shape)
+
+
+def zeros(shape: Sequence[int], dtype: torch.dtype,
+          device: torch.device) -> Tensor:
+    """:func:`empty`, zeroed."""
+    return empty(shape, dtype, device).zero_()
