@@ -369,8 +369,11 @@ class DistGraph:
                                                 t.shape[1:], hf),
                                      t.dtype, t.device)
             if hf:
-                return torch.index_select(t.transpose(0, 1), 1, index,
-                                          out=out)
+                # Head by head: index_select along dim 1 of the transposed
+                # table would first copy the whole table head-major.
+                for h in range(t.shape[1]):
+                    torch.index_select(t[:, h], 0, index, out=out[h])
+                return out
             return torch.index_select(t, 0, index, out=out)
 
         sends = {q: [gather(t, hf, ids(self.send_ids, q, send_rows))

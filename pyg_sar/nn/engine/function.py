@@ -47,7 +47,7 @@ class SARFunction(torch.autograd.Function):
     def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
         runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
         ctx.runner, ctx.layer = runner, plan.module
-        with comm.reusing_buffers():
+        with comm.reusing_buffers(plan.kind == 'spmm'):
             out = runner.forward()
         trim_heap()
         if plan.init_slot is not None:
@@ -67,7 +67,7 @@ class SARFunction(torch.autograd.Function):
                 f"(retain_graph=True) is not supported: the SAR engine frees "
                 f"its state after the first backward; run the forward again")
         ctx.runner = None
-        with comm.reusing_buffers():
+        with comm.reusing_buffers(runner.plan.kind == 'spmm'):
             grads = runner.backward(grad_out.contiguous())
         del runner
         trim_heap()
@@ -225,8 +225,8 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         head-major memory, which the per-head products add into."""
         row, dtype, device = self.source_meta[k]
         hf = self.heads_first[k]
-        zeros = comm.buffers.zeros(rows_shape(num_rows, row, hf), dtype,
-                                   device)
+        zeros = torch.zeros(rows_shape(num_rows, row, hf), dtype=dtype,
+                            device=device)
         return zeros.transpose(0, 1) if hf else zeros
 
     def _backward_general(self, grad_out: Tensor) -> None:
