@@ -105,6 +105,11 @@ def summarize(name: str, code: str, results: List[dict]) -> dict:
         graph_mib=max(r['graph_mib'] for r in results),
         epoch_peak_mib=max(r['epoch_peak_mib'] for r in results),
         epoch_s=max(r['epoch_s'] for r in results),
+        # Summed over the workers: the CPU the whole job spent per epoch
+        # (less noisy than the wall clock on a shared machine).
+        cpu_s=sum(r.get('cpu_s', 0.0) for r in results),
+        sys_s=sum(r.get('sys_s', 0.0) for r in results),
+        sent_mib=max(r.get('sent_mib', 0.0) for r in results),
         floor_mib=max(r['floor_mib'] for r in results),
         per_rank=results)
 
@@ -216,7 +221,8 @@ def _get(rows, model, name, n=1) -> Optional[dict]:
 def print_table(rows: List[dict]) -> None:
     head = (f"{'model':<6}{'system':<19}{'N':>3}{'MiB/wkr':>9}{'graph':>7}"
             f"{'epoch pk':>9}{'floor':>7}{'/floor':>7}{'N1/N':>6}"
-            f"{'stock/':>7}{'epoch s':>8}{'vs cmp':>14}")
+            f"{'stock/':>7}{'epoch s':>8}{'CPU s':>7}{'sys s':>6}"
+            f"{'sent':>6}{'vs cmp':>14}")
     print(head)
     print('-' * len(head))
     for r in rows:
@@ -233,13 +239,17 @@ def print_table(rows: List[dict]) -> None:
               f"{r['mem_mib'] / r['floor_mib']:>7.2f}"
               f"{(one['mem_mib'] / r['mem_mib'] if one else 0):>6.2f}"
               f"{(stock['mem_mib'] / r['mem_mib'] if stock else 0):>7.2f}"
-              f"{r['epoch_s']:>8.2f}{vs:>14}")
+              f"{r['epoch_s']:>8.2f}{r.get('cpu_s', 0):>7.2f}"
+              f"{r.get('sys_s', 0):>6.2f}{r.get('sent_mib', 0):>6.0f}"
+              f"{vs:>14}")
     print("MiB/wkr: peak RSS over the RSS after loading, worst worker; "
           "graph: DistGraph index state; epoch pk: worst one-epoch peak over "
           "the RSS before it; floor: analytic activations (largest part); "
           "N1/N: memory at N=1 over this row; stock/: stock PyG over this "
-          "row; vs cmp: memory and time over the --compare code at the "
-          "same N. Shared 2-core machine: times are noisy, compare ratios "
+          "row; CPU s / sys s: user + system / system CPU seconds of one "
+          "epoch, all workers together; sent: MiB one worker sent in an "
+          "epoch (most of any); vs cmp: memory and time over the --compare "
+          "code at the same N. Shared 2-core machine: times are noisy, compare ratios "
           "taken in one run.")
 
 

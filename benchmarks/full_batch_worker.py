@@ -16,7 +16,10 @@ Memory, per worker, from ``/proc/self/status``:
   * ``graph_mib``: RSS after building the ``DistGraph`` minus after loading;
   * ``epoch_peak_mib``: the largest peak of one epoch over the RSS right
     before it (the kernel's peak mark is reset before every epoch).
-Time: the median epoch after the first one (``epoch_s``).
+Time: the median epoch after the first one (``epoch_s``), and its CPU
+time (user + system, ``cpu_s``; system alone ``sys_s``: page faults and
+the loopback transport). Bytes: what the worker sent in its last epoch
+(``sent_mib``).
 """
 from __future__ import annotations
 
@@ -213,13 +216,23 @@ def run_worker(args) -> None:
         info.update(local_edges=graph.num_edges,
                     halo_nodes=graph.num_halo_nodes)
     model.train()
-    times, epoch_peaks = [], []
-    for _ in range(args.epochs + 1):
+    times, epoch_peaks, cpu, sys_cpu = [], [], [], []
+    sent = 0
+    for k in range(args.epochs + 1):
         barrier()
         before = peak.reset()
+        if args.impl == 'sar':
+            pyg_sar.comm.reset_comm_stats()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         epoch()
         times.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime -
+                   usage.ru_stime)
+        sys_cpu.append(after.ru_stime - usage.ru_stime)
+        if args.impl == 'sar' and k == args.epochs:
+            sent = pyg_sar.comm.comm_stats()['bytes_sent']
         epoch_peaks.append(peak.fold() - before)
     peak.fold()
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -234,6 +247,9 @@ def run_worker(args) -> None:
         graph_mib=rss_graph - peak.base,
         epoch_peak_mib=max(epoch_peaks),
         epoch_times_s=times, epoch_s=statistics.median(times[1:] or times),
+        cpu_s=statistics.median(cpu[1:] or cpu),
+        sys_s=statistics.median(sys_cpu[1:] or sys_cpu),
+        sent_mib=sent / 2**20,
         floor_mib=floor_bytes(args.model, num_nodes, dims) / 2**20,
         dims=dims, **info)
     with open(args.result, 'w') as f:
