@@ -363,20 +363,8 @@ class DistGraph:
 
         flags = list(heads_first) + [False] * (len(tensors) - len(heads_first))
 
-        def gather(t: Tensor, hf: bool, index: Tensor) -> Tensor:
-            # Into a reused buffer (comm.buffers) inside a propagation.
-            out = comm.buffers.empty(rows_shape(int(index.numel()),
-                                                t.shape[1:], hf),
-                                     t.dtype, t.device)
-            if hf:
-                # Head by head: index_select along dim 1 of the transposed
-                # table would first copy the whole table head-major.
-                for h in range(t.shape[1]):
-                    torch.index_select(t[:, h], 0, index, out=out[h])
-                return out
-            return torch.index_select(t, 0, index, out=out)
-
-        sends = {q: [gather(t, hf, ids(self.send_ids, q, send_rows))
+        sends = {q: [comm.buffers.gather_rows(
+                         t, ids(self.send_ids, q, send_rows), hf)
                      for t, hf in zip(tensors, flags)]
                  for q in send_to if q in self.send_ids}
         shapes = {q: [(rows_shape(int(ids(self.recv_ids, q,

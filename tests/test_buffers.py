@@ -120,3 +120,18 @@ def test_results_are_bitwise_those_without_reuse(tmp_path):
             assert torch.equal(grad_a, grad_b), key
             for pa, pb in zip(params_a, params_b):
                 assert torch.equal(pa, pb), key
+
+
+@pytest.mark.parametrize('heads_first', [False, True])
+def test_gather_rows(heads_first):
+    table = torch.randn(50, 3, 4)
+    index = torch.tensor([7, 0, 49, 7, 12])
+    expected = table[index].transpose(0, 1) if heads_first else table[index]
+    with comm.reusing_buffers():
+        got = buffers.gather_rows(table, index, heads_first)
+        assert got.is_contiguous()
+        assert torch.equal(got, expected)
+        del got
+        again = buffers.gather_rows(table, index.flip(0), heads_first)
+        assert torch.equal(again, table[index.flip(0)].transpose(0, 1)
+                           if heads_first else table[index.flip(0)])

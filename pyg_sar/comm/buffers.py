@@ -111,3 +111,22 @@ def empty(shape: Sequence[int], dtype: torch.dtype,
         _POOL.buffers.append(base)
     # The start of a fresh allocation is aligned for every dtype.
     return base[:nbytes].view(dtype).view(shape)
+
+
+def gather_rows(table: Tensor, index: Tensor,
+                heads_first: bool = False) -> Tensor:
+    """Rows ``index`` of ``table`` (what a worker sends), into a buffer of
+    :func:`empty`; with ``heads_first``, head-major (``[H, rows, C]`` for a
+    table ``[N, H, C]``)."""
+    rows = int(index.numel())
+    if not heads_first:
+        out = empty((rows, *table.shape[1:]), table.dtype, table.device)
+        return torch.index_select(table, 0, index, out=out)
+    out = empty((table.shape[1], rows, *table.shape[2:]), table.dtype,
+                table.device)
+    # Head by head: index_select along dim 1 of the transposed table would
+    # first copy the whole table head-major (9x slower, a table-sized
+    # temporary).
+    for h in range(table.shape[1]):
+        torch.index_select(table[:, h], 0, index, out=out[h])
+    return out
