@@ -159,17 +159,21 @@ def _ring_buffers(rank, world_size, root, depth):
     part = pyg_sar.load_partition(root, rank)
     graph = pyg_sar.DistGraph(part)
     comm.configure(pipeline_depth=depth, halo_slice_bytes=48)
-    fetched, most = [], [0]
+    fetched, grads, most = [], [], [0, 0]
     post = comm.post_exchange
 
+    def alive(steps):
+        return sum(any(r() is not None for r in refs) for refs in steps)
+
     def counting_post(sends, shapes, device=None, channel='default'):
-        if channel == 'default':  # the ring's fetches, not gradients
-            most[0] = max(most[0], sum(any(r() is not None for r in refs)
-                                       for refs in fetched))
+        if channel == 'default':  # the ring's fetches
+            most[0] = max(most[0], alive(fetched))
+        else:  # a step's gradients: the previous step's are gone
+            most[1] = max(most[1], alive(grads))
         pending = post(sends, shapes, device, channel)
-        if channel == 'default':
-            fetched.append([weakref.ref(t) for rows in
-                            pending._received.values() for t in rows])
+        (fetched if channel == 'default' else grads).append(
+            [weakref.ref(t) for rows in pending._received.values()
+             for t in rows])
         return pending
 
     comm.post_exchange = counting_post
@@ -181,7 +185,7 @@ def _ring_buffers(rank, world_size, root, depth):
             conv(x, graph).sum().backward()
     finally:
         comm.post_exchange = post
-    return most[0], len(fetched)
+    return most[0], most[1], len(fetched), len(grads)
 
 
 @pytest.mark.parametrize('depth', [0, 1, 2])
@@ -189,12 +193,16 @@ def test_ring_holds_at_most_depth_plus_one_fetched_steps(tmp_path, depth):
     """When a step is posted, only the ``pipeline_depth`` steps before it
     may still be held (the one being computed and those in flight): a
     step's rows are dropped before the next is fetched, in forward and in
-    the attention backward's re-fetch."""
+    the attention backward's re-fetch; and the gradients a step received
+    are gone before the next step's gradients are posted."""
     root = str(tmp_path / 'parts')
     pyg_sar.partition_graph(hard_graph(), 4, root)
-    for most, posts in run_workers(_ring_buffers, 4, root, depth):
+    for most, most_grads, posts, grad_posts in run_workers(
+            _ring_buffers, 4, root, depth):
         assert posts > 12  # many halo slices, three peers
+        assert grad_posts > 12
         assert most <= depth
+        assert most_grads == 0
 
 
 def test_gnn_marks_sage_for_transform_first():

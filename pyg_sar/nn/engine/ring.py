@@ -235,5 +235,7 @@ class RingMixin:
             pending = self._post_grads(sends, expect)
             del sends, tables
             # The step's gradient exchange ends before the next step is
-            # fetched, so its buffers never overlap the next step's.
+            # fetched, so its buffers never overlap the next step's (the
+            # pending exchange holds the received rows: it goes too).
             self._receive_grads(pending, expect)
+            del pending
