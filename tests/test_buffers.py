@@ -135,3 +135,14 @@ def test_gather_rows(heads_first):
         again = buffers.gather_rows(table, index.flip(0), heads_first)
         assert torch.equal(again, table[index.flip(0)].transpose(0, 1)
                            if heads_first else table[index.flip(0)])
+
+
+def test_nothing_is_reused_without_a_trustworthy_count(monkeypatch):
+    monkeypatch.setattr(buffers, '_ALONE', None)
+    with comm.reusing_buffers():  # plain torch.empty, nothing pooled
+        a = buffers.empty((64,), torch.float32, 'cpu')
+        del a
+        buffers.empty((64,), torch.float32, 'cpu')
+        assert buffers._POOL.buffers == []
+    monkeypatch.setattr(buffers, '_USE_COUNT', lambda cdata: 7)
+    assert buffers._count_alone() is None  # a view must count one more

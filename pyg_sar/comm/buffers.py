@@ -13,10 +13,12 @@ Inside :func:`reusing_buffers` (the engine opens it around the forward
 and the backward of each propagation on the sparse linear path, whose halo
 slices make the buffers of successive steps the same size), :func:`empty`
 hands out a buffer that a previous step of the same propagation let go,
-when one is large enough, instead of a new one. A buffer counts as let go only when nothing but this
-pool holds its storage (not a view, not autograd, not an in-flight send or
-receive of the transport), so a reused buffer can never be one somebody
-still reads. When the outermost scope closes, the pool drops its
+when one is large enough, instead of a new one. A buffer counts as let go
+only when nothing but this pool holds its storage (not a view, not
+autograd, not an in-flight send or receive of the transport), by torch's
+storage use count; that count is calibrated at import (a view must add
+one), and where it is missing or behaves otherwise nothing is reused. So a
+reused buffer can never be one somebody still reads. When the outermost scope closes, the pool drops its
 references: no memory is held between propagations, so the peak of the
 epoch is not raised. Buffers come back uninitialized; callers overwrite
 them whole (or zero them). CUDA tensors are never pooled (the caching
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -58,10 +60,33 @@ _POOL = _Pool()
 _USE_COUNT = getattr(torch._C, '_storage_Use_Count', None)
 
 
+def _count(t: Tensor) -> int:
+    return _USE_COUNT(t.untyped_storage()._cdata)
+
+
+def _count_alone() -> Optional[int]:
+    """The count of a storage held by one tensor only, as this torch
+    reports it (the temporary storage object of the call may count too);
+    ``None``, so nothing is reused, unless a view then counts one more."""
+    if _USE_COUNT is None:
+        return None
+    try:
+        t = torch.empty(1)
+        alone = _count(t)
+        view = t[:]
+        with_view = _count(t)
+        del view
+        return alone if with_view == alone + 1 else None
+    except Exception:  # a private API: any change turns reuse off
+        return None
+
+
+_ALONE = _count_alone()
+
+
 def _unused(base: Tensor) -> bool:
-    """Whether only the pool's own tensor holds ``base``'s storage (the
-    count also includes the temporary storage object of this call)."""
-    return _USE_COUNT(base.untyped_storage()._cdata) <= 2
+    """Whether only the pool's own tensor holds ``base``'s storage."""
+    return _count(base) == _ALONE
 
 
 @contextlib.contextmanager
@@ -93,7 +118,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype,
         numel *= int(size)
     nbytes = numel * dtype.itemsize
     if (_POOL.depth == 0 or device.type != 'cpu' or not _CONFIG.reuse_buffers
-            or _USE_COUNT is None or nbytes == 0
+            or _ALONE is None or nbytes == 0
             or nbytes < _CONFIG.reuse_buffers_from):
         return torch.empty(shape, dtype=dtype, device=device)
     free = [b for b in _POOL.buffers if _unused(b)]
