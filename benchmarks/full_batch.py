@@ -249,8 +249,8 @@ def print_table(rows: List[dict]) -> None:
           "row; CPU s / sys s: user + system / system CPU seconds of one "
           "epoch, all workers together; sent: MiB one worker sent in an "
           "epoch (most of any); vs cmp: memory and time over the --compare "
-          "code at the same N. Shared 2-core machine: times are noisy, compare ratios "
-          "taken in one run.")
+          "code at the same N. Shared 2-core machine: times are noisy, "
+          "compare ratios taken in one run.")
 
 
 def check_targets(rows: List[dict]) -> List[dict]:

@@ -367,11 +367,12 @@ class DistGraph:
                          t, ids(self.send_ids, q, send_rows), hf)
                      for t, hf in zip(tensors, flags)]
                  for q in send_to if q in self.send_ids}
-        shapes = {q: [(rows_shape(int(ids(self.recv_ids, q,
-                                          recv_rows).numel()),
-                                  t.shape[1:], hf), t.dtype)
-                      for t, hf in zip(tensors, flags)]
-                  for q in recv_from if q in self.recv_ids}
+        def received(q: int) -> list:
+            rows = int(ids(self.recv_ids, q, recv_rows).numel())
+            return [(comm.buffers.rows_shape(rows, t.shape[1:], hf), t.dtype)
+                    for t, hf in zip(tensors, flags)]
+
+        shapes = {q: received(q) for q in recv_from if q in self.recv_ids}
         return comm.post_exchange(sends, shapes, tensors[0].device)
 
     def global_in_degree_of_sources(self) -> List[Tensor]:
@@ -512,12 +513,3 @@ class DistGraph:
                 f"nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"halo={self.num_halo_nodes}, mode={self.mode!r}, "
                 f"chunk_size={self.chunk_size})")
-
-
-def rows_shape(num_rows: int, row: Sequence[int],
-               heads_first: bool = False) -> Tuple[int, ...]:
-    """The shape of ``num_rows`` rows shaped ``row``; head-major
-    (``[H, num_rows, C]`` for rows ``[H, C]``) with ``heads_first``."""
-    if heads_first:
-        return (row[0], num_rows, *row[1:])
-    return (num_rows, *row)

@@ -29,8 +29,8 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 - :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
   :func:`load_replicated`, :func:`replicated_specs`.
 """
-from pyg_sar.comm import (buffers, channels, checkpoint_io, collectives,
-                          errors, p2p, process_group, state)
+from pyg_sar.comm import (channels, checkpoint_io, collectives, errors, p2p,
+                          process_group, state)
 from pyg_sar.comm.buffers import reusing_buffers
 from pyg_sar.comm.channels import ensure_channels
 from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
@@ -77,4 +77,3 @@ _all_to_all_counts = collectives._all_to_all_counts
 _split = p2p._split
 _dcp_no_dist = checkpoint_io._dcp_no_dist
 _dcp_error = checkpoint_io._dcp_error
-_BUFFER_POOL = buffers._POOL

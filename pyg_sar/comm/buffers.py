@@ -18,12 +18,12 @@ only when nothing but this pool holds its storage (not a view, not
 autograd, not an in-flight send or receive of the transport), by torch's
 storage use count; that count is calibrated at import (a view must add
 one), and where it is missing or behaves otherwise nothing is reused. So a
-reused buffer can never be one somebody still reads. When the outermost scope closes, the pool drops its
-references: no memory is held between propagations, so the peak of the
-epoch is not raised. Buffers come back uninitialized; callers overwrite
-them whole (or zero them). CUDA tensors are never pooled (the caching
-allocator already reuses them), nor is anything outside a scope. The pool
-is per thread.
+reused buffer can never be one somebody still reads. When the outermost
+scope closes, the pool drops its references: no memory is held between
+propagations, so the peak of the epoch is not raised. Buffers come back
+uninitialized; callers overwrite them whole. CUDA tensors are never pooled
+(the caching allocator already reuses them), nor is anything outside a
+scope. The pool is per thread.
 
 Attention and general messages exchange each peer's whole table (no halo
 slices), so successive buffers differ in size: there the buffers a pool
@@ -33,8 +33,9 @@ saved no time, and the engine does not pool them.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -113,10 +114,7 @@ def empty(shape: Sequence[int], dtype: torch.dtype,
     ``reuse_buffers_from`` bytes (:class:`~pyg_sar.comm.CommConfig`), else
     new."""
     device = torch.device(device)
-    numel = 1
-    for size in shape:
-        numel *= int(size)
-    nbytes = numel * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if (_POOL.depth == 0 or device.type != 'cpu' or not _CONFIG.reuse_buffers
             or _ALONE is None or nbytes == 0
             or nbytes < _CONFIG.reuse_buffers_from):
@@ -138,17 +136,24 @@ def empty(shape: Sequence[int], dtype: torch.dtype,
     return base[:nbytes].view(dtype).view(shape)
 
 
+def rows_shape(num_rows: int, row: Sequence[int],
+               heads_first: bool = False) -> Tuple[int, ...]:
+    """The shape of ``num_rows`` rows shaped ``row``; head-major
+    (``[H, num_rows, C]`` for rows ``[H, C]``) with ``heads_first``."""
+    if heads_first:
+        return (row[0], num_rows, *row[1:])
+    return (num_rows, *row)
+
+
 def gather_rows(table: Tensor, index: Tensor,
                 heads_first: bool = False) -> Tensor:
     """Rows ``index`` of ``table`` (what a worker sends), into a buffer of
     :func:`empty`; with ``heads_first``, head-major (``[H, rows, C]`` for a
     table ``[N, H, C]``)."""
-    rows = int(index.numel())
+    out = empty(rows_shape(int(index.numel()), table.shape[1:], heads_first),
+                table.dtype, table.device)
     if not heads_first:
-        out = empty((rows, *table.shape[1:]), table.dtype, table.device)
         return torch.index_select(table, 0, index, out=out)
-    out = empty((table.shape[1], rows, *table.shape[2:]), table.dtype,
-                table.device)
     # Head by head: index_select along dim 1 of the transposed table would
     # first copy the whole table head-major (9x slower, a table-sized
     # temporary).

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from pyg_sar import comm
 from pyg_sar._malloc import trim_heap
-from pyg_sar.graph import EdgeBlock, rows_shape
+from pyg_sar.comm.buffers import rows_shape
+from pyg_sar.graph import EdgeBlock
 
 # A re-fetch and a gradient send-back between the same two ranks can be in
 # flight together, so the send-back has its own channel (a process group).
