@@ -386,9 +386,9 @@ class DistGraph:
         exactly one self loop per node appended, as PyG's ``GATConv`` and
         ``GCNConv`` see the graph. The edge order of the view is the base
         order without self loops, followed by one loop per node in node order
-        (PyG's layout); :attr:`base_edge_pos` maps view edges back (``-1``
-        for added loops) and :attr:`loop_source_pos` gives, per node, the
-        base position of its existing self loop or ``-1``.
+        (PyG's layout); :meth:`kept_base_edges` maps the view's base edges
+        back and :attr:`loop_source_pos` gives, per node, the base position
+        of its existing self loop or ``-1``.
         """
         if self.is_bipartite:
             raise ValueError(
@@ -401,6 +401,12 @@ class DistGraph:
             self._views['loops'] = make_loop_view(self)
         return self._views['loops']
 
+    def kept_base_edges(self) -> Tensor:
+        """On a self-loop view: the base position of each view edge but the
+        added loops (:func:`pyg_sar.self_loops.kept_base_edges`)."""
+        from pyg_sar.self_loops import kept_base_edges
+        return kept_base_edges(self)
+
     def expand_edge_values(self, values: Optional[Tensor],
                            fill_value: float = 1.0,
                            keep_existing_loops: bool = False) -> Optional[Tensor]:
@@ -410,10 +416,9 @@ class DistGraph:
         the value of the node's existing self loop where it had one (PyG's
         ``add_remaining_self_loops``).
         """
-        if values is None or not hasattr(self, 'base_edge_pos'):
+        if values is None or not hasattr(self, 'dropped_loops'):
             return values
-        num_kept = self.num_edges - self.num_nodes
-        kept = values[self.base_edge_pos[:num_kept]]
+        kept = values[self.kept_base_edges()]
         if isinstance(fill_value, Tensor):
             loops = fill_value.to(values.dtype).expand(
                 self.num_nodes, *values.shape[1:]).clone()

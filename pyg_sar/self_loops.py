@@ -24,8 +24,10 @@ def make_loop_view(graph):
     new_pos_of_base = torch.full((graph.num_edges, ), -1, dtype=torch.long,
                                  device=dev)
     new_pos_of_base[kept] = torch.arange(kept.numel(), device=dev)
-    view.base_edge_pos = torch.cat(
-        [kept, new_pos_of_base.new_full((graph.num_nodes, ), -1)])
+    # Only edge attributes need the view-to-base map (kept_base_edges),
+    # which is one int64 per edge: the view keeps the few dropped loops.
+    view.dropped_loops = pos[is_loop].sort().values
+    view.num_base_edges = graph.num_edges
     loop_source = new_pos_of_base.new_full((graph.num_nodes, ), -1)
     # For duplicated loops PyG keeps the last one; so does this scatter.
     loop_source[dst[is_loop]] = pos[is_loop]
@@ -47,3 +49,16 @@ def make_loop_view(graph):
             view._block_edges[q] = (src, d, new_pos_of_base[pos_q.long()])
     view._make_blocks()
     return view
+
+
+def kept_base_edges(view) -> torch.Tensor:
+    """The base position of every view edge that is not an added loop, in
+    view order (the view lists the base edges without self loops first, in
+    base order). Built on first use and cached in ``view.derived``: only
+    edge attributes need it."""
+    if 'kept_base_edges' not in view.derived:
+        keep = torch.ones(view.num_base_edges, dtype=torch.bool,
+                          device=view.device)
+        keep[view.dropped_loops] = False
+        view.derived['kept_base_edges'] = keep.nonzero().view(-1)
+    return view.derived['kept_base_edges']

@@ -165,9 +165,9 @@ def loop_view(graph: DistGraph, edge_attr: Optional[Tensor],
         if fill_value not in ('mean', 'add', 'sum', 'max', 'min', 'mul'):
             raise ValueError(f"fill_value={fill_value!r} is not supported")
         from torch_geometric.utils import scatter
-        num_kept = view.num_edges - view.num_nodes
-        kept_attr = edge_attr[view.base_edge_pos[:num_kept]]
-        dst = graph.edge_dst()[view.base_edge_pos[:num_kept]]
+        kept = view.kept_base_edges()
+        kept_attr = edge_attr[kept]
+        dst = graph.edge_dst()[kept]
         reduce = 'sum' if fill_value == 'add' else fill_value
         loop_attr = scatter(kept_attr, dst, 0, view.num_nodes, reduce)
         return view, torch.cat([kept_attr, loop_attr])
