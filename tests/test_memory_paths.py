@@ -209,3 +209,36 @@ def test_gnn_marks_sage_for_transform_first():
     net = pyg_sar.nn.to_distributed(GNN('sage', 8, 16, 3, num_layers=2))
     assert all(conv.transform_first for conv in net.convs)
     assert not pyg_sar.nn.SAGEConv(8, 4).transform_first
+
+
+def test_loop_view_maps_edges_back_only_when_edge_attributes_need_it(
+        tmp_path):
+    # The self-loop view of GAT and GCN keeps the positions of the dropped
+    # loops, not an int64 per edge; the view-to-base map is built (and
+    # cached) when an edge attribute is mapped onto the view.
+    root = str(tmp_path / 'parts')
+    data = hard_graph()  # self loops, duplicate edges, isolated nodes
+    pyg_sar.partition_graph(data, 1, root)
+    graph = pyg_sar.DistGraph(pyg_sar.load_partition(root, 0))
+    view = graph.with_self_loops()
+    assert 'kept_base_edges' not in view.derived
+    assert not hasattr(view, 'base_edge_pos')
+    src, dst, pos = (t.long() for t in graph._block_edges[graph.rank])
+    is_loop = src == dst
+    assert int(is_loop.sum()) > 0
+    assert view.dropped_loops.numel() == int(is_loop.sum())
+    expected = pos[~is_loop].sort().values
+    assert torch.equal(view.kept_base_edges(), expected)
+    assert 'kept_base_edges' in view.derived
+    values = torch.arange(graph.num_edges, dtype=torch.float)
+    mapped = view.expand_edge_values(values, fill_value=-1.0)
+    assert torch.equal(mapped[:expected.numel()], expected.float())
+    assert torch.equal(mapped[expected.numel():],
+                       torch.full((graph.num_nodes, ), -1.0))
+    # With keep_existing_loops, a node's added loop takes its existing
+    # loop's value (the last one of duplicates, as PyG keeps).
+    kept = view.expand_edge_values(values, keep_existing_loops=True)
+    loops = kept[expected.numel():]
+    for node in dst[is_loop].unique().tolist():
+        last = pos[is_loop & (dst == node)].max()
+        assert float(loops[node]) == float(last)
