@@ -159,7 +159,7 @@ def _ring_buffers(rank, world_size, root, depth):
     part = pyg_sar.load_partition(root, rank)
     graph = pyg_sar.DistGraph(part)
     comm.configure(pipeline_depth=depth, halo_slice_bytes=48)
-    fetched, grads, most = [], [], [0, 0]
+    fetched, grads, most = [], [], [0, 0, 0]
     post = comm.post_exchange
 
     def alive(steps):
@@ -168,8 +168,10 @@ def _ring_buffers(rank, world_size, root, depth):
     def counting_post(sends, shapes, device=None, channel='default'):
         if channel == 'default':  # the ring's fetches
             most[0] = max(most[0], alive(fetched))
-        else:  # a step's gradients: the previous step's are gone
+        else:  # a step's gradients: the previous step's are gone, and so
+            # are the rows the step re-fetched (only those in flight stay)
             most[1] = max(most[1], alive(grads))
+            most[2] = max(most[2], alive(fetched))
         pending = post(sends, shapes, device, channel)
         (fetched if channel == 'default' else grads).append(
             [weakref.ref(t) for rows in pending._received.values()
@@ -185,7 +187,7 @@ def _ring_buffers(rank, world_size, root, depth):
             conv(x, graph).sum().backward()
     finally:
         comm.post_exchange = post
-    return most[0], most[1], len(fetched), len(grads)
+    return most, len(fetched), len(grads)
 
 
 @pytest.mark.parametrize('depth', [0, 1, 2])
@@ -194,15 +196,17 @@ def test_ring_holds_at_most_depth_plus_one_fetched_steps(tmp_path, depth):
     may still be held (the one being computed and those in flight): a
     step's rows are dropped before the next is fetched, in forward and in
     the attention backward's re-fetch; and the gradients a step received
-    are gone before the next step's gradients are posted."""
+    are gone before the next step's gradients are posted, as are the rows
+    the step re-fetched."""
     root = str(tmp_path / 'parts')
     pyg_sar.partition_graph(hard_graph(), 4, root)
-    for most, most_grads, posts, grad_posts in run_workers(
-            _ring_buffers, 4, root, depth):
+    for (most, most_grads, fetched_at_grads), posts, grad_posts in \
+            run_workers(_ring_buffers, 4, root, depth):
         assert posts > 12  # many halo slices, three peers
         assert grad_posts > 12
         assert most <= depth
         assert most_grads == 0
+        assert fetched_at_grads <= depth
 
 
 def test_gnn_marks_sage_for_transform_first():

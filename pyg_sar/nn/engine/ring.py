@@ -122,13 +122,16 @@ class RingMixin:
             [step.frm] if step.recv else [], step.send, step.recv,
             self.heads_first)
 
-    def _fetched_steps(self) -> Iterator[Tuple[_Step, Optional[List[Tensor]]]]:
-        """Yields ``(step, tables)`` for every step of the ring; ``tables``
-        is ``None`` in a step where this worker only sends. Once a step's
-        rows are here, the next ``pipeline_depth`` steps are posted: they
-        travel while this one is computed. The previous step's rows are gone
-        by then (callers drop them before asking for the next step), so at
-        most ``pipeline_depth + 1`` steps' buffers exist at once."""
+    def _fetched_steps(self) -> Iterator[Tuple[_Step, List[List[Tensor]]]]:
+        """Yields ``(step, box)`` for every step of the ring: ``box`` holds
+        the step's source tables (empty in a step where this worker only
+        sends), and the caller takes them out (``box.pop()``), so that its
+        ``del`` frees them: the generator keeps no reference while the
+        caller goes on with the step. Once a step's rows are here, the next
+        ``pipeline_depth`` steps are posted: they travel while this one is
+        computed. The previous step's rows are gone by then (callers drop
+        them before asking for the next step), so at most
+        ``pipeline_depth + 1`` steps' buffers exist at once."""
         steps = self._steps()
         depth = comm.config().pipeline_depth
         pending: Dict[int, Any] = {}
@@ -136,14 +139,14 @@ class RingMixin:
             if k not in pending:
                 pending[k] = self._post_fetch(step)
             received = pending.pop(k).wait()
-            tables = (self._swap_heads(received[step.frm])
-                      if step.block is not None else None)
+            box = ([self._swap_heads(received[step.frm])]
+                   if step.block is not None else [])
             del received
             for ahead in range(k + 1, min(k + 1 + depth, len(steps))):
                 if ahead not in pending:
                     pending[ahead] = self._post_fetch(steps[ahead])
-            yield step, tables
-            del tables
+            yield step, box
+            del box
 
     def _halo_tables(self) -> List[Tensor]:
         """``one_shot``: all remote rows in one exchange, stacked after the
@@ -166,10 +169,11 @@ class RingMixin:
             yield self.graph.merged_block(), tables
             return
         yield self.graph.local_block, self.sources
-        for step, tables in self._fetched_steps():
-            if step.block is not None:
+        for step, box in self._fetched_steps():
+            if box:
+                tables = box.pop()
                 yield step.block, tables
-            del tables  # before the next step is posted
+                del tables  # before the next step is posted
 
     # Gradient routing ########################################################
 
@@ -228,13 +232,17 @@ class RingMixin:
         # worker's) go back to the OS before the ring's buffers arrive.
         trim_heap()
         steps = (self._fetched_steps() if refetch else
-                 ((step, None) for step in self._steps()))
-        for step, tables in steps:
+                 ((step, []) for step in self._steps()))
+        for step, box in steps:
+            tables = box.pop() if box else None
             sends = ({step.frm: block_grad(step.block, tables)}
                      if step.block is not None else {})
+            # The re-fetched rows go before the gradient exchange is posted:
+            # its receive buffers can take their place.
+            del tables
             expect = {step.to: step.send} if step.send else {}
             pending = self._post_grads(sends, expect)
-            del sends, tables
+            del sends
             # The step's gradient exchange ends before the next step is
             # fetched, so its buffers never overlap the next step's (the
             # pending exchange holds the received rows: it goes too).
