@@ -48,7 +48,7 @@ class SARFunction(torch.autograd.Function):
     def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
         runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
         ctx.runner, ctx.layer = runner, plan.module
-        with comm.reusing_buffers(plan.kind == 'spmm'):
+        with comm.reusing_buffers():
             out = runner.forward()
         trim_heap()
         if plan.init_slot is not None:
@@ -68,7 +68,7 @@ class SARFunction(torch.autograd.Function):
                 f"(retain_graph=True) is not supported: the SAR engine frees "
                 f"its state after the first backward; run the forward again")
         ctx.runner = None
-        with comm.reusing_buffers(runner.plan.kind == 'spmm'):
+        with comm.reusing_buffers():
             grads = runner.backward(grad_out.contiguous())
         del runner
         trim_heap()
