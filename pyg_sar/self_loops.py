@@ -16,18 +16,15 @@ def make_loop_view(graph):
     src_local, dst, pos = (t.long() for t in graph._block_edges[graph.rank])
     is_loop = src_local == dst
     dev = graph.device
-    base_pos = torch.arange(graph.num_edges, device=dev)
-    keep_base = torch.ones(graph.num_edges, dtype=torch.bool, device=dev)
-    keep_base[pos[is_loop]] = False
-    kept = base_pos[keep_base]
+    # Only edge attributes need the view-to-base map (kept_base_edges),
+    # which is one int64 per edge: the view keeps the few dropped loops.
+    view.dropped_loops = pos[is_loop]
+    view.num_base_edges = graph.num_edges
+    kept = _positions_kept(graph.num_edges, view.dropped_loops, dev)
     # Positions in the view: kept base edges first, then N loops.
     new_pos_of_base = torch.full((graph.num_edges, ), -1, dtype=torch.long,
                                  device=dev)
     new_pos_of_base[kept] = torch.arange(kept.numel(), device=dev)
-    # Only edge attributes need the view-to-base map (kept_base_edges),
-    # which is one int64 per edge: the view keeps the few dropped loops.
-    view.dropped_loops = pos[is_loop].sort().values
-    view.num_base_edges = graph.num_edges
     loop_source = new_pos_of_base.new_full((graph.num_nodes, ), -1)
     # For duplicated loops PyG keeps the last one; so does this scatter.
     loop_source[dst[is_loop]] = pos[is_loop]
@@ -57,8 +54,14 @@ def kept_base_edges(view) -> torch.Tensor:
     base order). Built on first use and cached in ``view.derived``: only
     edge attributes need it."""
     if 'kept_base_edges' not in view.derived:
-        keep = torch.ones(view.num_base_edges, dtype=torch.bool,
-                          device=view.device)
-        keep[view.dropped_loops] = False
-        view.derived['kept_base_edges'] = keep.nonzero().view(-1)
+        view.derived['kept_base_edges'] = _positions_kept(
+            view.num_base_edges, view.dropped_loops, view.device)
     return view.derived['kept_base_edges']
+
+
+def _positions_kept(num_edges: int, dropped: torch.Tensor,
+                    device) -> torch.Tensor:
+    """``0 .. num_edges - 1`` without the positions ``dropped``, in order."""
+    keep = torch.ones(num_edges, dtype=torch.bool, device=device)
+    keep[dropped] = False
+    return keep.nonzero().view(-1)
