@@ -4,7 +4,7 @@ destination-sorted edges (:class:`EdgeChunk`) that the SAR engine aggregates
 in turn, with the CSR layouts of its sparse products cached per chunk."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -30,6 +30,10 @@ class EdgeChunk:
     cache_csr: bool = True
     _csr: Optional[Tuple[Tensor, Tensor]] = None
     _csr_t: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+    # The chunks of the same cut of the block, this one among them (their
+    # transposed CSRs are built together).
+    family: Optional[List['EdgeChunk']] = field(default=None, repr=False,
+                                                 compare=False)
 
     @property
     def num_edges(self) -> int:
@@ -56,21 +60,47 @@ class EdgeChunk:
         columns destination rows; ``perm`` orders edge values accordingly
         (``None`` unless ``with_perm``: unweighted products need none).
         Kept for the backward of every epoch, so stored as int32 where the
-        edge and row counts fit (4 bytes per edge, 8 with ``perm``)."""
+        edge and row counts fit (4 bytes per edge, 8 with ``perm``). The
+        first call builds those of every chunk of the same cut (its
+        ``family``) into one buffer (:func:`_transpose_family`)."""
         if self._csr_t is None or (with_perm and self._csr_t[2] is None):
-            dtype = index_dtype(max(self.num_edges, num_src,
-                                     self.row_end - self.row_start))
-            perm = torch.argsort(self.src, stable=True)
-            if self._csr_t is None:
-                crow = torch.zeros(num_src + 1, dtype=dtype,
-                                   device=self.src.device)
-                crow[1:] = torch.bincount(self.src,
-                                          minlength=num_src).cumsum(0)
-                col = (self.dst[perm] - self.row_start).to(dtype)
-            else:
-                crow, col = self._csr_t[:2]
-            self._csr_t = (crow, col, perm.to(dtype) if with_perm else None)
+            _transpose_family(self.family or [self], num_src, with_perm)
         return self._csr_t
+
+
+def _transpose_family(chunks: List[EdgeChunk], num_src: int,
+                      with_perm: bool) -> None:
+    """Sets the transposed CSR of every chunk in ``chunks`` (see
+    :meth:`EdgeChunk.csr_transposed`) as views of one index buffer.
+
+    They live as long as the graph, while the engine's per-chunk
+    temporaries come and go around them: built chunk by chunk, each set
+    of small tensors would sit between freed temporaries in the C heap,
+    whose holes a later chunk's temporaries then wander through (resident
+    again after every trim). One buffer per cut is one allocation, mapped
+    apart from the heap once it is large (:mod:`pyg_sar._malloc`)."""
+    with_perm = with_perm or any(c._csr_t is not None and
+                                 c._csr_t[2] is not None for c in chunks)
+    dtype = index_dtype(max([num_src] + [max(c.num_edges,
+                                             c.row_end - c.row_start)
+                                         for c in chunks]))
+    per_edge = 2 if with_perm else 1
+    sizes = [num_src + 1 + per_edge * c.num_edges for c in chunks]
+    buffer = torch.empty(sum(sizes), dtype=dtype,
+                         device=chunks[0].src.device)
+    offset = 0
+    for chunk, size in zip(chunks, sizes):
+        crow, col, perm = buffer[offset:offset + size].split(
+            [num_src + 1, chunk.num_edges, size - num_src - 1 -
+             chunk.num_edges])
+        offset += size
+        order = torch.argsort(chunk.src, stable=True)
+        crow[0] = 0
+        crow[1:] = torch.bincount(chunk.src, minlength=num_src).cumsum(0)
+        col.copy_(chunk.dst[order] - chunk.row_start)
+        if with_perm:
+            perm.copy_(order)
+        chunk._csr_t = (crow, col, perm if with_perm else None)
 
 
 def index_dtype(largest: int) -> torch.dtype:
@@ -174,4 +204,6 @@ def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
             row_start, row_end = 0, num_nodes
         chunks.append(EdgeChunk(src[lo:hi], d, edge_pos[lo:hi], row_start,
                                 row_end, cache_csr))
+    for chunk in chunks:
+        chunk.family = chunks
     return chunks

@@ -246,3 +246,48 @@ def test_loop_view_maps_edges_back_only_when_edge_attributes_need_it(
     for node in dst[is_loop].unique().tolist():
         last = pos[is_loop & (dst == node)].max()
         assert float(loops[node]) == float(last)
+
+
+def test_transposed_chunk_csrs_of_one_cut_share_one_buffer(tmp_path):
+    # The backward's transposed CSRs live as long as the graph; built chunk
+    # by chunk between the engine's temporaries they would pin holes in the
+    # C heap, so the first request builds those of every chunk of the cut
+    # into one buffer, with and without the edge permutation.
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(hard_graph(), 1, root)
+    graph = pyg_sar.DistGraph(pyg_sar.load_partition(root, 0))
+    block = graph.local_block
+    chunks = block.chunked(7)
+    assert len(chunks) > 3
+
+    def expected(chunk):
+        order = torch.argsort(chunk.src.long(), stable=True)
+        crow = torch.zeros(block.num_src + 1, dtype=torch.long)
+        crow[1:] = torch.bincount(chunk.src.long(),
+                                  minlength=block.num_src).cumsum(0)
+        return crow, chunk.dst.long()[order] - chunk.row_start, order
+
+    def storages():
+        return {t.untyped_storage().data_ptr() for c in chunks
+                for t in c._csr_t if t is not None}
+
+    chunks[2].csr_transposed(block.num_src, with_perm=False)
+    assert all(c._csr_t is not None and c._csr_t[2] is None for c in chunks)
+    assert len(storages()) == 1
+    for chunk in chunks:
+        crow, col, order = expected(chunk)
+        assert torch.equal(chunk._csr_t[0].long(), crow)
+        assert torch.equal(chunk._csr_t[1].long(), col)
+    # A weighted product asks for the permutation: all are rebuilt with it.
+    chunks[0].csr_transposed(block.num_src, with_perm=True)
+    assert len(storages()) == 1
+    for chunk in chunks:
+        crow, col, order = expected(chunk)
+        got = chunk.csr_transposed(block.num_src, with_perm=False)
+        assert torch.equal(got[0].long(), crow)
+        assert torch.equal(got[1].long(), col)
+        assert torch.equal(got[2].long(), order)
+    # Another cut of the same block has its own buffer.
+    other = block.chunked(5)
+    other[0].csr_transposed(block.num_src)
+    assert other[0]._csr_t[0].untyped_storage().data_ptr() not in storages()
