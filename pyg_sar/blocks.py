@@ -79,8 +79,6 @@ def _transpose_family(chunks: List[EdgeChunk], num_src: int,
     whose holes a later chunk's temporaries then wander through (resident
     again after every trim). One buffer per cut is one allocation, mapped
     apart from the heap once it is large (:mod:`pyg_sar._malloc`)."""
-    with_perm = with_perm or any(c._csr_t is not None and
-                                 c._csr_t[2] is not None for c in chunks)
     dtype = index_dtype(max([num_src] + [max(c.num_edges,
                                              c.row_end - c.row_start)
                                          for c in chunks]))
@@ -91,8 +89,7 @@ def _transpose_family(chunks: List[EdgeChunk], num_src: int,
     offset = 0
     for chunk, size in zip(chunks, sizes):
         crow, col, perm = buffer[offset:offset + size].split(
-            [num_src + 1, chunk.num_edges, size - num_src - 1 -
-             chunk.num_edges])
+            [num_src + 1, chunk.num_edges, (per_edge - 1) * chunk.num_edges])
         offset += size
         order = torch.argsort(chunk.src, stable=True)
         crow[0] = 0
