@@ -15,11 +15,14 @@ Memory, per worker, from ``/proc/self/status``:
     the graph's index state, the model, the optimizer and every epoch;
   * ``graph_mib``: RSS after building the ``DistGraph`` minus after loading;
   * ``epoch_peak_mib``: the largest peak of one epoch over the RSS right
-    before it (the kernel's peak mark is reset before every epoch).
+    before it (the kernel's peak mark is reset before every epoch); per
+    epoch, ``epoch_peaks_mib``, with the RSS before each epoch over the RSS
+    after loading (``rss_before_epochs_mib``) and its file-backed part
+    (``rss_file_before_epochs_mib``, over the set-up's: code paged in).
 Time: the median epoch after the first one (``epoch_s``), and its CPU
 time (user + system, ``cpu_s``; system alone ``sys_s``: page faults and
-the loopback transport). Bytes: what the worker sent in its last epoch
-(``sent_mib``).
+the loopback transport) and its minor page faults (``minor_faults``).
+Bytes: what the worker sent in its last epoch (``sent_mib``).
 """
 from __future__ import annotations
 
@@ -216,11 +219,14 @@ def run_worker(args) -> None:
         info.update(local_edges=graph.num_edges,
                     halo_nodes=graph.num_halo_nodes)
     model.train()
-    times, epoch_peaks, cpu, sys_cpu = [], [], [], []
+    times, epoch_peaks, cpu, sys_cpu, faults = [], [], [], [], []
+    befores, files, files0 = [], [], status_mib('RssFile')
     sent = 0
     for k in range(args.epochs + 1):
         barrier()
         before = peak.reset()
+        befores.append(before - peak.base)
+        files.append(status_mib('RssFile'))
         if args.impl == 'sar':
             pyg_sar.comm.reset_comm_stats()
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -231,6 +237,7 @@ def run_worker(args) -> None:
         cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime -
                    usage.ru_stime)
         sys_cpu.append(after.ru_stime - usage.ru_stime)
+        faults.append(after.ru_minflt - usage.ru_minflt)
         if args.impl == 'sar' and k == args.epochs:
             sent = pyg_sar.comm.comm_stats()['bytes_sent']
         epoch_peaks.append(peak.fold() - before)
@@ -246,9 +253,12 @@ def run_worker(args) -> None:
         maxrss_over_loaded_mib=(maxrss - peak.maxrss0) / 1024,
         graph_mib=rss_graph - peak.base,
         epoch_peak_mib=max(epoch_peaks),
+        epoch_peaks_mib=epoch_peaks, rss_before_epochs_mib=befores,
+        rss_file_before_epochs_mib=[f - files0 for f in files],
         epoch_times_s=times, epoch_s=statistics.median(times[1:] or times),
         cpu_s=statistics.median(cpu[1:] or cpu),
         sys_s=statistics.median(sys_cpu[1:] or sys_cpu),
+        minor_faults=statistics.median(faults[1:] or faults),
         sent_mib=sent / 2**20,
         floor_mib=floor_bytes(args.model, num_nodes, dims) / 2**20,
         dims=dims, **info)

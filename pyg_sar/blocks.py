@@ -130,7 +130,8 @@ class EdgeBlock:
         self.num_nodes = num_nodes
         self.chunk_size = chunk_size
         self.slice_index = slice_index  # None: not a halo slice
-        self._chunks: Dict[Optional[int], List[EdgeChunk]] = {}
+        self._chunks: Dict[Tuple[Optional[int], Optional[int]],
+                           List[EdgeChunk]] = {}
         self._slices: Dict[int, List['EdgeBlock']] = {}
 
     @property
@@ -146,14 +147,17 @@ class EdgeBlock:
         """Chunks of at most the graph's ``chunk_size`` edges."""
         return self.chunked(self.chunk_size)
 
-    def chunked(self, max_edges: Optional[int]) -> List[EdgeChunk]:
-        """Chunks of at most ``max_edges`` edges (``None``: one chunk);
-        cached, so forward and backward see the same cut."""
-        if max_edges not in self._chunks:
-            self._chunks[max_edges] = _make_chunks(
+    def chunked(self, max_edges: Optional[int],
+                max_rows: Optional[int] = None) -> List[EdgeChunk]:
+        """Chunks of at most ``max_edges`` edges whose destinations span at
+        most ``max_rows`` rows (``None``: no limit); cached, so forward and
+        backward see the same cut."""
+        key = (max_edges, max_rows)
+        if key not in self._chunks:
+            self._chunks[key] = _make_chunks(
                 self.src, self.dst, self.edge_pos, max_edges, self.num_nodes,
-                cache_csr=self.slice_index is None)
-        return self._chunks[max_edges]
+                cache_csr=self.slice_index is None, max_rows=max_rows)
+        return self._chunks[key]
 
     def sliced(self, rows: Optional[int]) -> List['EdgeBlock']:
         """The block cut by source rows into ``ceil(num_src / rows)`` halo
@@ -185,10 +189,24 @@ class EdgeBlock:
 
 def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
                  chunk_size: Optional[int], num_nodes: int,
-                 cache_csr: bool = True) -> List[EdgeChunk]:
-    """Cuts destination-sorted edges into chunks of at most ``chunk_size``."""
+                 cache_csr: bool = True,
+                 max_rows: Optional[int] = None) -> List[EdgeChunk]:
+    """Cuts destination-sorted edges into chunks of at most ``chunk_size``
+    edges, each spanning at most ``max_rows`` destination rows (a chunk
+    ends at whichever limit it reaches first)."""
     num_edges = src.numel()
-    if chunk_size is None or num_edges <= chunk_size:
+    if max_rows is not None and num_edges > 0 and \
+            int(dst[-1]) - int(dst[0]) >= max_rows:
+        bounds, lo = [0], 0
+        while lo < num_edges:
+            hi = num_edges if chunk_size is None else \
+                min(lo + chunk_size, num_edges)
+            # The first edge whose destination lies max_rows past lo's.
+            limit = int(torch.searchsorted(
+                dst, int(dst[lo]) + max_rows, side='left'))
+            lo = min(hi, limit)
+            bounds.append(lo)
+    elif chunk_size is None or num_edges <= chunk_size:
         bounds = [0, num_edges]
     else:
         bounds = list(range(0, num_edges, chunk_size)) + [num_edges]

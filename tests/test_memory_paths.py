@@ -82,8 +82,14 @@ def test_sage_transform_first_matches_pyg(tmp_path, world_size, options,
     x = data.x.clone().requires_grad_()
     expected = ref(x, data.edge_index)
     (expected * torch.arange(3.)).sum().backward()
-    results = run_workers(_sage_outputs, world_size, root, True, options,
-                          mode)
+    _assert_matches(ref, expected, x, run_workers(
+        _sage_outputs, world_size, root, True, options, mode))
+
+
+def _assert_matches(ref, expected, x, results) -> None:
+    """Each worker's ``(ids, out, x_grad, param_grads)`` against the
+    single-process ``ref`` module's output and gradients; the workers'
+    parameter gradients sum to the reference's."""
     grads = {}
     for ids, out, x_grad, param_grads in results:
         torch.testing.assert_close(out, expected[ids].detach(), rtol=1e-4,
@@ -291,3 +297,82 @@ def test_transposed_chunk_csrs_of_one_cut_share_one_buffer(tmp_path):
     other = block.chunked(5)
     other[0].csr_transposed(block.num_src)
     assert other[0]._csr_t[0].untyped_storage().data_ptr() not in storages()
+
+
+def test_chunks_span_at_most_max_rows_destinations():
+    # A chunk ends at its edge limit or after max_rows destination rows,
+    # whichever comes first; a block with many edges per row is cut by
+    # edges alone, exactly as without the row limit.
+    from pyg_sar.blocks import _make_chunks
+    gen = torch.Generator().manual_seed(0)
+    dst = torch.randint(0, 200, (300, ), generator=gen).sort().values.int()
+    src = torch.randint(0, 50, (300, ), generator=gen).int()
+    pos = torch.arange(300)
+    for max_edges, max_rows in ((64, 16), (None, 16), (1000, 7), (64, 1)):
+        chunks = _make_chunks(src, dst, pos, max_edges, 200,
+                              max_rows=max_rows)
+        assert torch.equal(torch.cat([c.edge_pos for c in chunks]), pos)
+        assert all(c.num_edges > 0 for c in chunks)
+        assert max(c.row_end - c.row_start for c in chunks) <= max_rows
+        if max_edges is not None:
+            assert max(c.num_edges for c in chunks) <= max_edges
+    # Few edges per row (a peer's block): more chunks than by edges alone.
+    assert len(_make_chunks(src, dst, pos, 64, 200, max_rows=16)) > \
+        len(_make_chunks(src, dst, pos, 64, 200))
+    # Many edges per row: the edge limit binds, the cut is unchanged.
+    dense = torch.arange(30).repeat_interleave(10).int()
+    cut = _make_chunks(src, dense, pos, 64, 30, max_rows=16)
+    plain = _make_chunks(src, dense, pos, 64, 30)
+    assert [(c.row_start, c.row_end, c.num_edges) for c in cut] == \
+        [(c.row_start, c.row_end, c.num_edges) for c in plain]
+
+
+def _gat_outputs(rank, world_size, root, budget, mode):
+    from pyg_sar import comm
+    from pyg_sar.blocks import EdgeBlock
+    from torch_geometric.nn import GATConv as PygGATConv
+    comm.configure(edge_memory_budget=budget)
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part, mode=mode)
+    torch.manual_seed(0)
+    conv = pyg_sar.nn.to_distributed(torch.nn.Sequential(
+        PygGATConv(6, 4, heads=2)))[0]
+    x = part.x.clone().requires_grad_()
+    spans, chunked = [], EdgeBlock.chunked
+
+    def recording(block, *args, **kwargs):  # the cuts the engine runs
+        chunks = chunked(block, *args, **kwargs)
+        spans.extend(c.row_end - c.row_start for c in chunks
+                     if c.num_edges > 0)
+        return chunks
+
+    EdgeBlock.chunked = recording
+    try:
+        out = conv(x, graph)
+        (out * torch.arange(8.)).sum().backward()
+    finally:
+        EdgeBlock.chunked = chunked
+    return (part.orig_ids, out.detach(), x.grad,
+            {n: p.grad for n, p in conv.named_parameters()}, spans)
+
+
+@pytest.mark.parametrize('world_size,mode', [(1, 'sar'), (3, 'sar'),
+                                             (3, 'sa'), (3, 'one_shot')])
+def test_gat_with_row_limited_chunks_matches_pyg(tmp_path, world_size, mode):
+    # A 32 KiB edge budget limits attention chunks to 16 destination rows
+    # (edge_memory_budget / 2 KiB): the per-head products of every chunk,
+    # a peer's blocks included, then cover few rows. Outputs and every
+    # gradient stay those of stock PyG.
+    from torch_geometric.nn import GATConv as PygGATConv
+    data = hard_graph()
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, world_size, root)
+    torch.manual_seed(0)
+    ref = PygGATConv(6, 4, heads=2)
+    x = data.x.clone().requires_grad_()
+    expected = ref(x, data.edge_index)
+    (expected * torch.arange(8.)).sum().backward()
+    results = run_workers(_gat_outputs, world_size, root, 32 * 1024, mode)
+    for *_, spans in results:
+        assert max(spans) <= 16 and len(spans) > world_size
+    _assert_matches(ref, expected, x, [r[:4] for r in results])

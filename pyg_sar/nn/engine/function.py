@@ -101,6 +101,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
                             for name in self.src_names]
         self.num_inputs = len(self.tensors)
         self.max_chunk_edges = self._chunk_limit()
+        self.max_chunk_rows = self._row_limit()
         self.state: Dict[str, Any] = {}
         self.any_src_grad = any(self.needs_grad[s]
                                 for s in plan.src_slots.values())
@@ -141,6 +142,21 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         chunk_size = self.graph.chunk_size
         return limit if chunk_size is None else min(limit, chunk_size)
 
+    def _row_limit(self) -> Optional[int]:
+        """Destination rows per chunk on the sparse value path of attention
+        (``None`` elsewhere). Its per-head products build ``[rows,
+        channels]`` results; a block with few edges per destination (a
+        peer's block) would otherwise be one chunk over all of the worker's
+        rows, whose per-head results are node-sized: mapped, faulted in and
+        unmapped once per head. At most ``edge_memory_budget / 2 KiB`` rows
+        (8,192 at the default 16 MiB), the same for every layer, so layers
+        share one cut; a worker's own block, with many edges per row,
+        reaches its edge limit first and is cut as before."""
+        if self.plan.kind != 'attention' or self.plan.value_source is None:
+            return None
+        rows = max(16, comm.config().edge_memory_budget // 2048)
+        return 1 << (int(rows).bit_length() - 1)
+
     def _slots_read(self, method: str) -> List[int]:
         plan, slots = self.plan, []
         for name in plan.sig.params[method]:
@@ -154,7 +170,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         return slots
 
     def _chunks(self, block: EdgeBlock) -> List[EdgeChunk]:
-        return block.chunked(self.max_chunk_edges)
+        return block.chunked(self.max_chunk_edges, self.max_chunk_rows)
 
     # Forward #################################################################
 
