@@ -152,6 +152,9 @@ class EdgeBlock:
         """Chunks of at most ``max_edges`` edges whose destinations span at
         most ``max_rows`` rows (``None``: no limit); cached, so forward and
         backward see the same cut."""
+        if max_rows is not None and (self.num_edges == 0 or int(
+                self.dst[-1]) - int(self.dst[0]) < max_rows):
+            max_rows = None  # the limit cannot bind: share the plain cut
         key = (max_edges, max_rows)
         if key not in self._chunks:
             self._chunks[key] = _make_chunks(
