@@ -27,8 +27,11 @@ class CommConfig:
         edge_memory_budget: Bytes the SAR engine may spend on per-edge
             temporaries (gathered features, messages) of non-linear layers;
             blocks are cut into edge chunks that fit, even without a
-            ``chunk_size``. Linear layers run as sparse products and need
-            none.
+            ``chunk_size``. A worker whose node-sized table of the layer
+            (its nodes times the widest row read) is smaller spends at most
+            that table (and at least 1 MiB), so the temporaries fall with
+            the worker's share of the graph. Linear layers run as sparse
+            products and need none.
         halo_slice_bytes: On its sparse linear path (sum or mean of
             ``w_e * x_j``: SAGE, GCN, GIN, GraphConv) the SAR engine fetches
             a peer's source rows, and returns their gradients, in slices of

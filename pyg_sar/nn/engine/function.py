@@ -106,12 +106,23 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         self.any_src_grad = any(self.needs_grad[s]
                                 for s in plan.src_slots.values())
 
+    def _edge_budget(self, row_bytes: int) -> int:
+        """Bytes this propagation may spend on per-chunk temporaries: the
+        configured ``edge_memory_budget``, and at most one table of
+        ``row_bytes`` per local destination (at least 1 MiB). The chunk's
+        temporaries then fall with the worker's share of the graph, as its
+        activations do, instead of staying a constant that dominates a
+        worker of a many-way partition; a worker of a small part cuts more,
+        smaller chunks."""
+        table = self.graph.num_nodes * row_bytes
+        return min(comm.config().edge_memory_budget, max(1 << 20, table))
+
     def _chunk_limit(self) -> Optional[int]:
         """Edges per chunk: the graph's ``chunk_size``, and for non-linear
-        layers at most what keeps the chunk's temporaries inside the
-        configured ``edge_memory_budget``: a few copies of every gathered
-        row per edge and, on the sparse value path, of every output row of
-        the destinations it touches."""
+        layers at most what keeps the chunk's temporaries inside the edge
+        budget (:meth:`_edge_budget`): a few copies of every gathered row
+        per edge and, on the sparse value path, of every output row of the
+        destinations it touches."""
         if self.plan.kind == 'spmm':
             return None  # sparse products hold no per-edge features
 
@@ -122,7 +133,8 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         # Gathered rows, messages and their gradients coexist in backward.
         live_copies = 4
         if self.plan.value_source is None:
-            per_edge = live_copies * row_bytes(self.tensors)
+            widest = row_bytes(self.tensors)
+            per_edge = live_copies * widest
         else:
             # Only the score's inputs are gathered per edge (scores,
             # probabilities, masks and their gradients: twice as many);
@@ -130,11 +142,12 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             gathered = [self.tensors[s] for s in self._slots_read('edge_score')]
             values = [self.tensors[self.plan.src_slots[
                 self.plan.value_source]]]
+            widest = row_bytes(values)
             rows_per_edge = self.graph.num_nodes / max(self.graph.num_edges,
                                                        1)
             per_edge = int(2 * live_copies * row_bytes(gathered) +
-                           live_copies * row_bytes(values) * rows_per_edge) + 1
-        limit = max(1024, comm.config().edge_memory_budget // per_edge)
+                           live_copies * widest * rows_per_edge) + 1
+        limit = max(1024, self._edge_budget(widest) // per_edge)
         # A power of two: layers of similar widths then cut blocks alike and
         # share one set of cached chunk CSRs (EdgeBlock.chunked) instead of
         # keeping a set each.
