@@ -371,6 +371,23 @@ def _gat_outputs(rank, world_size, root, budget, mode, dims=(6, 4, 2)):
             {n: p.grad for n, p in conv.named_parameters()}, cuts)
 
 
+def _gat_against_pyg(tmp_path, data, world_size, budget, mode, dims):
+    """Runs :func:`_gat_outputs` on ``world_size`` parts of ``data``,
+    asserts that outputs and every gradient are stock PyG's, and returns
+    the workers' results (with their chunk cuts)."""
+    from torch_geometric.nn import GATConv as PygGATConv
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, world_size, root)
+    torch.manual_seed(0)
+    ref = PygGATConv(dims[0], dims[1], heads=dims[2])
+    x = data.x.clone().requires_grad_()
+    expected = ref(x, data.edge_index)
+    (expected * _weights(dims[1] * dims[2])).sum().backward()
+    results = run_workers(_gat_outputs, world_size, root, budget, mode, dims)
+    _assert_matches(ref, expected, x, [r[:4] for r in results])
+    return results
+
+
 @pytest.mark.parametrize('world_size,mode', [(1, 'sar'), (3, 'sar'),
                                              (3, 'sa'), (3, 'one_shot')])
 def test_gat_with_row_limited_chunks_matches_pyg(tmp_path, world_size, mode):
@@ -378,20 +395,11 @@ def test_gat_with_row_limited_chunks_matches_pyg(tmp_path, world_size, mode):
     # (edge_memory_budget / 2 KiB): the per-head products of every chunk,
     # a peer's blocks included, then cover few rows. Outputs and every
     # gradient stay those of stock PyG.
-    from torch_geometric.nn import GATConv as PygGATConv
-    data = hard_graph()
-    root = str(tmp_path / 'parts')
-    pyg_sar.partition_graph(data, world_size, root)
-    torch.manual_seed(0)
-    ref = PygGATConv(6, 4, heads=2)
-    x = data.x.clone().requires_grad_()
-    expected = ref(x, data.edge_index)
-    (expected * _weights(8)).sum().backward()
-    results = run_workers(_gat_outputs, world_size, root, 32 * 1024, mode)
+    results = _gat_against_pyg(tmp_path, hard_graph(), world_size,
+                               32 * 1024, mode, (6, 4, 2))
     for *_, cuts in results:
         spans = [span for span, _ in cuts]
         assert max(spans) <= 16 and len(spans) > world_size
-    _assert_matches(ref, expected, x, [r[:4] for r in results])
 
 
 @pytest.mark.parametrize('world_size', [1, 2])
@@ -402,19 +410,9 @@ def test_attention_chunks_fall_with_the_worker_share(tmp_path, world_size):
     # table: at least 256 B of them per edge, so at most table / 256
     # edges per chunk (the fixed budget cut 32,768). Outputs and every
     # gradient stay those of stock PyG.
-    from torch_geometric.nn import GATConv as PygGATConv
     from pyg_sar.datasets import synthetic_graph
-    data = synthetic_graph(4000, 10, 16, 4, seed=0)
-    root = str(tmp_path / 'parts')
-    pyg_sar.partition_graph(data, world_size, root)
-    torch.manual_seed(0)
-    ref = PygGATConv(16, 32, heads=4)
-    x = data.x.clone().requires_grad_()
-    expected = ref(x, data.edge_index)
-    (expected * _weights(128)).sum().backward()
-    results = run_workers(_gat_outputs, world_size, root, None, 'sar',
-                          (16, 32, 4))
+    results = _gat_against_pyg(tmp_path, synthetic_graph(4000, 10, 16, 4),
+                               world_size, None, 'sar', (16, 32, 4))
     for ids, *_, cuts in results:
         table = ids.numel() * 4 * 32 * 4
         assert max(edges for _, edges in cuts) <= max(1 << 20, table) // 256
-    _assert_matches(ref, expected, x, [r[:4] for r in results])
