@@ -100,6 +100,13 @@ def _transpose_family(chunks: List[EdgeChunk], num_src: int,
         chunk._csr_t = (crow, col, perm if with_perm else None)
 
 
+def power_of_two_at_most(n: int) -> int:
+    """The largest power of two not above ``n`` (at least 1): chunk and
+    slice sizes are rounded down to one, so that layers of similar widths
+    cut blocks alike and share one set of cached cuts."""
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
 def index_dtype(largest: int) -> torch.dtype:
     """int32 for index tensors whose values (and lengths) fit in it."""
     return torch.int32 if largest < 2**31 - 1 else torch.long
@@ -198,8 +205,7 @@ def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
     edges, each spanning at most ``max_rows`` destination rows (a chunk
     ends at whichever limit it reaches first)."""
     num_edges = src.numel()
-    if max_rows is not None and num_edges > 0 and \
-            int(dst[-1]) - int(dst[0]) >= max_rows:
+    if max_rows is not None and num_edges > 0:
         bounds, lo = [0], 0
         while lo < num_edges:
             hi = num_edges if chunk_size is None else \

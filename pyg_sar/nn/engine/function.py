@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from pyg_sar import comm
 from pyg_sar._malloc import trim_heap
 from pyg_sar.comm.buffers import rows_shape
+from pyg_sar.blocks import power_of_two_at_most
 from pyg_sar.graph import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.attention import AttentionMixin
 from pyg_sar.nn.engine.messages import MessageMixin
@@ -151,7 +152,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         # A power of two: layers of similar widths then cut blocks alike and
         # share one set of cached chunk CSRs (EdgeBlock.chunked) instead of
         # keeping a set each.
-        limit = 1 << (int(limit).bit_length() - 1)
+        limit = power_of_two_at_most(limit)
         chunk_size = self.graph.chunk_size
         return limit if chunk_size is None else min(limit, chunk_size)
 
@@ -167,8 +168,8 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         reaches its edge limit first and is cut as before."""
         if self.plan.kind != 'attention' or self.plan.value_source is None:
             return None
-        rows = max(16, comm.config().edge_memory_budget // 2048)
-        return 1 << (int(rows).bit_length() - 1)
+        return power_of_two_at_most(
+            max(16, comm.config().edge_memory_budget // 2048))
 
     def _slots_read(self, method: str) -> List[int]:
         plan, slots = self.plan, []

@@ -22,6 +22,7 @@ from torch import Tensor
 from pyg_sar import comm
 from pyg_sar._malloc import trim_heap
 from pyg_sar.comm.buffers import rows_shape
+from pyg_sar.blocks import power_of_two_at_most
 from pyg_sar.graph import EdgeBlock
 
 # A re-fetch and a gradient send-back between the same two ranks can be in
@@ -84,8 +85,8 @@ class RingMixin:
             return None
         row_bytes = sum(math.prod(shape) * dtype.itemsize
                         for shape, dtype, _ in self.source_meta)
-        rows = max(_MIN_SLICE_ROWS, budget // max(row_bytes, 1))
-        return 1 << (int(rows).bit_length() - 1)
+        return power_of_two_at_most(
+            max(_MIN_SLICE_ROWS, budget // max(row_bytes, 1)))
 
     def _steps(self) -> List[_Step]:
         """The ring's exchanges in order: per active round, one step per
