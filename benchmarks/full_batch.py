@@ -16,6 +16,16 @@ set for any of them.
         # ../main run side by side (same graphs, alternating), as ratios
     python benchmarks/full_batch.py --part-dir parts --models sage
         # your own partitions: N = their part count, no stock PyG
+    python benchmarks/full_batch.py --no-cut
+        # + the exchange-free bound: the same model on a graph of as many
+        # disconnected copies of the generator as the most workers
+        # (METIS cuts no edge), so N workers exchange nothing
+
+The exchange-free bound separates what N workers pay for the halo exchange
+from what they pay for sharing the machine's cores: on 2 cores, four
+single-threaded workers with nothing to exchange take about the epoch of
+one two-threaded worker (GAT) or a few percent less (SAGE), so the time
+target "N=4 no slower than N=1" leaves the exchange that much room.
 
 Per worker: peak RSS from after loading to the end of training over the RSS
 after loading (worst worker), the index state of the DistGraph, the worst
@@ -43,6 +53,7 @@ from _common import add_internal_args, run_script, write_results  # noqa: E402
 REPO = osp.dirname(HERE)
 GRAPHS = {'sage': 200_000, 'gat': 100_000}
 HIDDEN = {'sage': 256, 'gat': 128}
+NO_CUT = 'pyg_sar, no cut'
 
 
 def _free_port() -> int:
@@ -118,20 +129,43 @@ def prepare(args: argparse.Namespace) -> None:
     """(subprocess) Generates and partitions one graph."""
     import torch
     from pyg_sar import datasets, partition_graph
-    data = datasets.synthetic_graph(args.num_nodes, 20, 128, 16, seed=0)
+    data = _components(args.num_nodes, args.components)
     out = dict(data=osp.join(args.work_dir, 'data.pt'),
                num_nodes=data.num_nodes, num_edges=data.num_edges,
-               num_classes=int(data.y.max()) + 1, parts={})
+               num_classes=int(data.y.max()) + 1, parts={}, edge_cut={})
     torch.save(data, out['data'])
     for n in map(int, args.workers.split(',')):
         path = osp.join(args.work_dir, f'parts_{n}')
-        partition_graph(data, n, path, progress=False, overwrite=True)
+        info = partition_graph(data, n, path, progress=False, overwrite=True)
         out['parts'][n] = path
+        out['edge_cut'][n] = info['edge_cut']['count']
+        if args.components > 1 and info['edge_cut']['count']:
+            raise RuntimeError(
+                f"{args.components} components in {n} parts: METIS cut "
+                f"{info['edge_cut']['count']} edges, expected none")
     with open(args.result, 'w') as f:
         json.dump(out, f)
 
 
-def _prepare(num_nodes: int, work: str, counts: List[int]) -> dict:
+def _components(num_nodes: int, components: int):
+    """``synthetic_graph(num_nodes, 20, 128, 16, seed=0)``, or with
+    ``components > 1`` that many disconnected graphs of the same generator
+    (``num_nodes // components`` nodes each, seeds 0, 1, ...) side by side:
+    the same size and degree distribution, with no edge between them."""
+    from torch_geometric.data import Batch, Data
+
+    from pyg_sar import datasets
+    if components == 1:
+        return datasets.synthetic_graph(num_nodes, 20, 128, 16, seed=0)
+    batch = Batch.from_data_list([
+        datasets.synthetic_graph(num_nodes // components, 20, 128, 16,
+                                 seed=seed) for seed in range(components)])
+    return Data(**{k: v for k, v in batch.to_dict().items()
+                   if k not in ('batch', 'ptr')})
+
+
+def _prepare(num_nodes: int, work: str, counts: List[int],
+             components: int = 1) -> dict:
     os.makedirs(work, exist_ok=True)
     info = osp.join(work, 'prepare.json')
     if osp.exists(info):
@@ -145,8 +179,8 @@ def _prepare(num_nodes: int, work: str, counts: List[int]) -> dict:
     if not osp.exists(info):
         subprocess.run([sys.executable, osp.abspath(__file__), '--prepare',
                         '--result', info, '--work-dir', work, '--num-nodes',
-                        str(num_nodes), '--workers',
-                        ','.join(map(str, counts))], check=True,
+                        str(num_nodes), '--components', str(components),
+                        '--workers', ','.join(map(str, counts))], check=True,
                        env=dict(os.environ, PYTHONPATH=REPO))
     with open(info) as f:
         out = json.load(f)
@@ -173,6 +207,7 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
     codes = [REPO] + ([osp.abspath(args.compare)] if args.compare else [])
     rows = []
     for model in args.models.split(','):
+        bound = None
         if args.part_dir:
             graph = _user_parts(args.part_dir)
             graph['num_classes'] = graph['num_classes'] or args.num_classes
@@ -181,6 +216,15 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
             graph = _prepare(nodes, osp.join(work, f'graph_{nodes}'), counts)
             print(f"{model}: synthetic graph {graph['num_nodes']:,} nodes, "
                   f"{graph['num_edges']:,} edges", flush=True)
+            if args.no_cut and max(counts) > 1:
+                # The exchange-free bound (module docs).
+                parts = max(counts)
+                bound = _prepare(nodes, osp.join(
+                    work, f'graph_{nodes}_{parts}_components'), counts, parts)
+                print(f"{model}: {parts} disconnected copies, "
+                      f"{bound['num_nodes']:,} nodes, "
+                      f"{bound['num_edges']:,} edges, edge cut "
+                      f"{bound['edge_cut']}", flush=True)
         hidden = args.hidden or HIDDEN[model]
         common = ['--model', model, '--hidden', str(hidden), '--heads',
                   str(args.heads), '--layers', str(args.layers), '--epochs',
@@ -197,6 +241,9 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
                 name = 'pyg_sar' if code == REPO else 'pyg_sar (compare)'
                 configs.append((name, n, code,
                                 ['--impl', 'sar', '--parts', path]))
+            if bound:
+                configs.append((NO_CUT, n, REPO, [
+                    '--impl', 'sar', '--parts', bound['parts'][n]]))
         for name, n, code, extra in configs:
             start = time.perf_counter()
             row = summarize(name, code, launch(common + extra, n, work, code,
@@ -290,13 +337,39 @@ def check_targets(rows: List[dict]) -> List[dict]:
     return checks
 
 
+def exchange_bounds(rows: List[dict]) -> List[dict]:
+    """The epoch at the most workers over the epoch at one, on the METIS
+    partition and without any edge cut (``--no-cut``): how much of the
+    parallel epoch is the exchange, and how much the shared cores."""
+    bounds = []
+    for model in ('sage', 'gat'):
+        ns = sorted(r['workers'] for r in rows
+                    if r['model'] == model and r['name'] == NO_CUT)
+        if len(ns) < 2:
+            continue
+        ratio = {}
+        for name in ('pyg_sar', NO_CUT):
+            one, most = _get(rows, model, name, 1), \
+                _get(rows, model, name, ns[-1])
+            if one and most:
+                ratio[name] = most['epoch_s'] / one['epoch_s']
+        if len(ratio) == 2:
+            bounds.append(dict(model=model, workers=ns[-1],
+                               metis=round(ratio['pyg_sar'], 3),
+                               no_cut=round(ratio[NO_CUT], 3)))
+            print(f"BOUND {model}: epoch N={ns[-1]} / N=1: "
+                  f"{ratio['pyg_sar']:.2f} on the METIS partition, "
+                  f"{ratio[NO_CUT]:.2f} with no edge cut (no exchange)")
+    return bounds
+
+
 def plot(rows: List[dict], path: str) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     models = sorted({r['model'] for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    styles = {'pyg_sar': 'o-', 'pyg_sar (compare)': 's--'}
+    styles = {'pyg_sar': 'o-', 'pyg_sar (compare)': 's--', NO_CUT: '^:'}
     for model, color in zip(models, ('tab:blue', 'tab:orange', 'tab:green')):
         for name, style in styles.items():
             sar = sorted((r for r in rows if r['model'] == model and
@@ -339,13 +412,14 @@ def main(args: argparse.Namespace) -> None:
         print_table(rows)
         print()
         checks = [] if args.quick else check_targets(rows)
+        bounds = exchange_bounds(rows)
         name = args.name or ('full_batch_quick' if args.quick else
                              'full_batch')
         result = dict(layers=args.layers, heads=args.heads,
                       epochs=args.epochs, compare=args.compare,
                       part_dir=args.part_dir, cores=os.cpu_count(),
                       machine='shared 2-core CPU, 24 GiB, gloo',
-                      rows=rows, targets=checks)
+                      rows=rows, targets=checks, exchange_bounds=bounds)
         write_results(args.out, name, result, plot, rows)
     finally:
         if not args.work_dir:
@@ -368,6 +442,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--num-classes', type=int, default=16,
                         help='classes of --part-dir without a manifest')
     parser.add_argument('--no-stock', action='store_true')
+    parser.add_argument('--no-cut', action='store_true',
+                        help='also run the exchange-free bound (graph of '
+                             'disconnected copies, no edge cut)')
     parser.add_argument('--quick', action='store_true',
                         help='2k nodes, N=1,2, 1 timed epoch')
     parser.add_argument('--out', default=osp.join(HERE, 'results'))
@@ -377,6 +454,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--timeout', type=float, default=900.0)
     add_internal_args(parser, '--model', '--data')
     parser.add_argument('--num-nodes', type=int, help=argparse.SUPPRESS)
+    parser.add_argument('--components', type=int, default=1,
+                        help=argparse.SUPPRESS)
     parser.add_argument('--workers', default=None,
                         help='worker counts, e.g. 1,4 (default 1,2,4)')
     return parser.parse_args(argv)

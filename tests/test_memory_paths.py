@@ -421,3 +421,25 @@ def test_attention_chunks_fall_with_the_worker_share(tmp_path, world_size):
     for ids, *_, cuts in results:
         table = ids.numel() * 4 * 32 * 4
         assert max(edges for _, edges in cuts) <= max(1 << 20, table) // 256
+
+
+@pytest.mark.parametrize('num_nodes,expected', [
+    (100_000, 32_768),  # a 51 MB table: the 16 MiB budget binds
+    (10_000, 10_000),   # a 5 MB table binds: one edge per node
+    (1_000, 8_192),     # 1 MiB floor, then the 8192-edge minimum
+])
+def test_whole_neighborhood_chunks_fall_with_the_worker_share(num_nodes,
+                                                              expected):
+    # The whole-neighborhood path cuts chunks whose per-edge copy of the
+    # input rows (here 96 + 32 floats: 512 B) stays within the engine's
+    # edge budget, which a worker of fewer nodes caps at its own node-sized
+    # table of those rows (the fixed budget cut 32,768 edges at any size).
+    from types import SimpleNamespace
+
+    from pyg_sar.nn.neighborhood import chunk_limit
+    graph = SimpleNamespace(num_nodes=num_nodes, chunk_size=None)
+    tensors = [torch.zeros(num_nodes, 96), torch.zeros(num_nodes, 2, 16),
+               torch.zeros(())]
+    assert chunk_limit(None, graph, tensors) == expected
+    graph.chunk_size = 19  # the graph's own chunk size wins
+    assert chunk_limit(None, graph, tensors) == 19

@@ -53,6 +53,14 @@ class CommConfig:
     reuse_buffers: bool = True
     reuse_buffers_from: int = 1024 * 1024
 
+    def edge_budget(self, num_nodes: int, row_bytes: int) -> int:
+        """Bytes one propagation over a worker of ``num_nodes`` nodes may
+        spend on per-chunk temporaries when the widest row it reads has
+        ``row_bytes``: :attr:`edge_memory_budget`, and at most one
+        node-sized table of such rows (at least 1 MiB)."""
+        table = int(num_nodes) * int(row_bytes)
+        return min(self.edge_memory_budget, max(1 << 20, table))
+
 
 _CONFIG = CommConfig()
 _STATS: Dict[str, int] = {}

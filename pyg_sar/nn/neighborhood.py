@@ -157,15 +157,17 @@ def norm_in_propagate(module, run_chunk) -> bool:
 
 
 def chunk_limit(module, graph: DistGraph, tensors: List[Tensor]) -> int:
-    """Edges per chunk: the graph's ``chunk_size``, else what keeps a few
-    per-edge copies of every input row inside four times the engine's
-    ``edge_memory_budget`` (at least 8192 edges: each chunk is a full PyG
-    ``propagate``, whose fixed cost should stay small)."""
+    """Edges per chunk: the graph's ``chunk_size``, else what keeps one
+    per-edge copy of every input row inside the engine's edge budget
+    (:meth:`~pyg_sar.comm.CommConfig.edge_budget`: ``edge_memory_budget``,
+    capped at one node-sized table of those rows, so it falls with the
+    worker's share of the graph), and at least 8192 edges: each chunk is a
+    full PyG ``propagate``, whose fixed cost should stay small."""
     if graph.chunk_size is not None:
         return graph.chunk_size
     row = sum(math.prod(t.shape) // max(t.shape[0], 1) * t.element_size()
               for t in tensors if t.dim() > 0) or 1
-    return max(8192, comm.config().edge_memory_budget // row)
+    return max(8192, comm.config().edge_budget(graph.num_nodes, row) // row)
 
 
 def _destination_ranges(dst: Tensor, limit: int,

@@ -107,23 +107,15 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         self.any_src_grad = any(self.needs_grad[s]
                                 for s in plan.src_slots.values())
 
-    def _edge_budget(self, row_bytes: int) -> int:
-        """Bytes this propagation may spend on per-chunk temporaries: the
-        configured ``edge_memory_budget``, and at most one table of
-        ``row_bytes`` per local destination (at least 1 MiB). The chunk's
-        temporaries then fall with the worker's share of the graph, as its
-        activations do, instead of staying a constant that dominates a
-        worker of a many-way partition; a worker of a small part cuts more,
-        smaller chunks."""
-        table = self.graph.num_nodes * row_bytes
-        return min(comm.config().edge_memory_budget, max(1 << 20, table))
-
     def _chunk_limit(self) -> Optional[int]:
         """Edges per chunk: the graph's ``chunk_size``, and for non-linear
         layers at most what keeps the chunk's temporaries inside the edge
-        budget (:meth:`_edge_budget`): a few copies of every gathered row
-        per edge and, on the sparse value path, of every output row of the
-        destinations it touches."""
+        budget: a few copies of every gathered row per edge and, on the
+        sparse value path, of every output row of the destinations it
+        touches. The budget is :meth:`CommConfig.edge_budget`, the
+        configured one capped at one node-sized table of the worker, so the
+        chunk's temporaries fall with the worker's share of the graph, as
+        its activations do."""
         if self.plan.kind == 'spmm':
             return None  # sparse products hold no per-edge features
 
@@ -148,7 +140,8 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
                                                        1)
             per_edge = int(2 * live_copies * row_bytes(gathered) +
                            live_copies * widest * rows_per_edge) + 1
-        limit = max(1024, self._edge_budget(widest) // per_edge)
+        limit = max(1024, comm.config().edge_budget(
+            self.graph.num_nodes, widest) // per_edge)
         # A power of two: layers of similar widths then cut blocks alike and
         # share one set of cached chunk CSRs (EdgeBlock.chunked) instead of
         # keeping a set each.
