@@ -4,7 +4,7 @@ pyg_sar vs. stock PyG.
 Trains a 2-layer GraphSAGE made heterogeneous by ``torch_geometric.nn.
 to_hetero`` (one ``SAGEConv`` per relation, summed; hidden 128) on the paper
 labels of the ogbn-mag-shaped synthetic graph
-(:mod:`pyg_sar.synthetic_hetero`, default 100k papers), with
+(:mod:`pyg_sar.datasets.synthetic_hetero`, default 100k papers), with
 
   * stock PyG in one process: the same model, unconverted, on the whole
     ``HeteroData`` (the baseline);

@@ -117,7 +117,7 @@ def run_distributed(world_size: int, root: str,
 
 
 def run_pyg_baseline(data, args: argparse.Namespace) -> dict:
-    from pyg_sar._compat import HAS_PYG_LIB, HAS_TORCH_SPARSE
+    from pyg_sar.utils.compat import HAS_PYG_LIB, HAS_TORCH_SPARSE
     name = 'PyG NeighborLoader (1 process)'
     if not (HAS_PYG_LIB or HAS_TORCH_SPARSE):
         return dict(name=name, available=False,

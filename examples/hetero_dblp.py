@@ -13,7 +13,7 @@ worker then trains on its own part and classifies authors (4 classes):
   ``torch_geometric.nn.to_hetero`` (one SAGEConv per relation, summed), then
   ``pyg_sar.nn.to_distributed``; conferences get a constant feature, as in
   PyG's DBLP example. The model runs as ``model(x_dict, graph)`` on the
-  worker's :class:`~pyg_sar.hetero_graph.HeteroDistGraph`.
+  worker's :class:`~pyg_sar.graph.hetero_graph.HeteroDistGraph`.
 * ``rgcn``: two stock ``RGCNConv`` layers on ``HeteroData.to_homogeneous()``
   with learned node embeddings (featureless, as in R-GCN's entity
   classification), converted the same way.

@@ -6,7 +6,7 @@
 Every worker splits Cora's edges with ``RandomLinkSplit`` (same seed, so the
 same split); rank 0 partitions the training graph. A GCN encoder runs on the
 worker's part; each epoch PyG's negative sampling is replayed over the whole
-distributed graph (``pyg_sar.link.negative_sampling``: the same negatives as
+distributed graph (``pyg_sar.graph.link.negative_sampling``: the same negatives as
 on one machine), every worker scores its share of the labelled pairs with a
 dot product, fetching the embeddings of endpoints that live elsewhere
 (``graph.fetch_nodes``; their gradients go back to the owners).

@@ -1,16 +1,33 @@
-"""pyg_sar: distributed full-batch GNN training (SAR) for PyTorch Geometric."""
+"""pyg_sar: distributed full-batch GNN training (SAR) for PyTorch Geometric.
+
+The package is laid out as the pipeline a run goes through, one folder per
+stage; a stage imports only earlier ones (``tests/test_layout.py`` checks):
+
+0. :mod:`pyg_sar.utils`: the version, optional kernels, allocator policy.
+1. :mod:`pyg_sar.partition`: partition a graph on one machine, read a part.
+2. :mod:`pyg_sar.comm`: every ``torch.distributed`` call, with timeouts.
+3. :mod:`pyg_sar.graph`: :class:`DistGraph`, the exchange plan and its views.
+4. :mod:`pyg_sar.nn`: layers on the SAR engine, :func:`~pyg_sar.nn.to_distributed`.
+5. :mod:`pyg_sar.loader`: distributed neighbor sampling.
+6. :mod:`pyg_sar.train`: the training loop, checkpoints, run logs.
+7. :mod:`pyg_sar.datasets`: the synthetic graphs and PyG's real ones.
+8. :mod:`pyg_sar.cli`: the ``pyg-sar`` command.
+
+Every public name below is imported on first use, so ``import pyg_sar`` (and
+``pyg-sar --help``) stays cheap.
+"""
 import importlib
 from typing import Any
 
-from pyg_sar import datasets
-from pyg_sar.partition import (HeteroPartition, Partition, load_partition,
-                               partition_graph)
+from pyg_sar.utils.version import __version__
 
-__version__ = '0.1.0'
-
-# The distributed runtime is imported lazily: it pulls in torch.distributed and
-# is not needed to partition a graph or to inspect a partition on disk.
+# name -> the module that defines it (a module itself where the name is the
+# module's last component).
 _LAZY_ATTRIBUTES = {
+    'partition_graph': 'pyg_sar.partition',
+    'load_partition': 'pyg_sar.partition',
+    'Partition': 'pyg_sar.partition',
+    'HeteroPartition': 'pyg_sar.partition',
     'init_distributed': 'pyg_sar.comm',
     'sync_params': 'pyg_sar.comm',
     'all_reduce_grads': 'pyg_sar.comm',
@@ -20,9 +37,19 @@ _LAZY_ATTRIBUTES = {
     'configure': 'pyg_sar.comm',
     'PeerError': 'pyg_sar.comm',
     'DistGraph': 'pyg_sar.graph',
+    'HeteroDistGraph': 'pyg_sar.graph',
+    'comm': 'pyg_sar.comm',
+    'graph': 'pyg_sar.graph',
     'nn': 'pyg_sar.nn',
     'loader': 'pyg_sar.loader',
-    'link': 'pyg_sar.link',
+    'train': 'pyg_sar.train',
+    'datasets': 'pyg_sar.datasets',
+    'cli': 'pyg_sar.cli',
+    'partition': 'pyg_sar.partition',
+    'utils': 'pyg_sar.utils',
+    # Public modules that live inside a stage.
+    'link': 'pyg_sar.graph.link',
+    'checkpoint': 'pyg_sar.train.checkpoint',
 }
 
 
@@ -31,16 +58,15 @@ def __getattr__(name: str) -> Any:
     if module_name is None:
         raise AttributeError(f"module 'pyg_sar' has no attribute '{name}'")
     module = importlib.import_module(module_name)
-    return module if module_name == f'pyg_sar.{name}' else getattr(module,
-                                                                    name)
+    if module_name.rsplit('.', 1)[-1] != name:
+        module = getattr(module, name)
+    globals()[name] = module
+    return module
 
 
-__all__ = [
-    'partition_graph',
-    'load_partition',
-    'Partition',
-    'HeteroPartition',
-    'datasets',
-    *_LAZY_ATTRIBUTES,
-    '__version__',
-]
+def __dir__():
+    return sorted([*globals(), *_LAZY_ATTRIBUTES])
+
+
+__all__ = [name for name in _LAZY_ATTRIBUTES
+           if name not in ('utils', 'graph', 'partition')] + ['__version__']

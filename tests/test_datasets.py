@@ -126,7 +126,7 @@ def test_load_heterogeneous(shared_data_root, name, node_type, num_nodes,
 
 
 def test_synthetic_hetero_graph_is_shaped_like_ogbn_mag():
-    from pyg_sar.synthetic_hetero import RELATIONS
+    from pyg_sar.datasets.synthetic_hetero import RELATIONS
     data = datasets.load('synthetic-hetero', seed=1, num_papers=3000,
                          num_features=8, num_classes=5)
     again = datasets.load('synthetic-hetero', seed=1, num_papers=3000,

@@ -199,8 +199,8 @@ def test_collective_failure_names_the_rank_that_reported_first():
 
 
 def test_peer_error_message_from_transport_text(monkeypatch):
-    monkeypatch.setattr(comm, 'get_rank', lambda: 2)
-    monkeypatch.setattr(comm, 'get_world_size', lambda: 4)
+    monkeypatch.setattr(comm.process_group, 'get_rank', lambda: 2)
+    monkeypatch.setattr(comm.process_group, 'get_world_size', lambda: 4)
     monkeypatch.setattr(comm.config(), 'timeout', timedelta(seconds=60))
     cause = RuntimeError(
         '[/src/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection '

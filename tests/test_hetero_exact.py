@@ -150,7 +150,7 @@ def _worker(rank, world_size, models, part_dir=None):
         halo_slices_with_chunks(chunk)
         graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk,
                                   device=device)
-        assert isinstance(graph, pyg_sar.hetero_graph.HeteroDistGraph)
+        assert isinstance(graph, pyg_sar.graph.hetero_graph.HeteroDistGraph)
         edge_attr = {CITES: part[CITES].edge_attr.to(device)}
         for name in models:
             model = pyg_sar.nn.to_distributed(copy.deepcopy(_stock(

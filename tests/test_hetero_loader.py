@@ -416,7 +416,7 @@ def _train(rank, world_size, root, epochs):
 
 def test_to_hetero_sage_trains_on_two_workers(tmp_path):
     import torch_geometric.transforms as T
-    from pyg_sar.synthetic_hetero import synthetic_hetero_graph
+    from pyg_sar.datasets.synthetic_hetero import synthetic_hetero_graph
     data = synthetic_hetero_graph(400, num_features=16, num_classes=4,
                                   seed=1)
     data = T.ToUndirected()(data)  # every type receives messages

@@ -10,8 +10,8 @@ from torch_geometric.distributed import LocalFeatureStore, LocalGraphStore
 
 from pyg_sar import (HeteroPartition, Partition, cli, datasets,
                      load_partition, partition_graph)
-from pyg_sar.assign import TYPE_BALANCE_TOLERANCE
-from pyg_sar.synthetic_hetero import synthetic_hetero_graph
+from pyg_sar.partition.assign import TYPE_BALANCE_TOLERANCE
+from pyg_sar.datasets.synthetic_hetero import synthetic_hetero_graph
 
 FOLLOWS = ('user', 'follows', 'user')
 BUYS = ('user', 'buys', 'item')
@@ -393,7 +393,7 @@ def test_loader_errors(handcrafted, tmp_path):
 
 
 def test_failed_run_leaves_nothing(handcrafted, tmp_path, monkeypatch):
-    import pyg_sar.partition_hetero as hetero_module
+    import pyg_sar.partition.heterogeneous as hetero_module
     out_dir = tmp_path / 'out'
     partition_graph(handcrafted, 2, out_dir)
     before = sorted(os.listdir(out_dir))

@@ -310,7 +310,7 @@ def test_chunks_span_at_most_max_rows_destinations():
     # A chunk ends at its edge limit or after max_rows destination rows,
     # whichever comes first; a block with many edges per row is cut by
     # edges alone, exactly as without the row limit.
-    from pyg_sar.blocks import _make_chunks
+    from pyg_sar.graph.blocks import _make_chunks
     gen = torch.Generator().manual_seed(0)
     dst = torch.randint(0, 200, (300, ), generator=gen).sort().values.int()
     src = torch.randint(0, 50, (300, ), generator=gen).int()
@@ -344,7 +344,7 @@ def _gat_outputs(rank, world_size, root, budget, mode, dims=(6, 4, 2)):
     ``(ids, out, x_grad, param_grads, chunks)``, with the ``(rows spanned,
     edges)`` of every non-empty chunk the engine ran."""
     from pyg_sar import comm
-    from pyg_sar.blocks import EdgeBlock
+    from pyg_sar.graph.blocks import EdgeBlock
     from torch_geometric.nn import GATConv as PygGATConv
     if budget is not None:
         comm.configure(edge_memory_budget=budget)

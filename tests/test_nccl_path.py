@@ -15,7 +15,7 @@ import torch.distributed as dist
 import pyg_sar
 from pyg_sar import comm
 from pyg_sar.graph import EdgeBlock, EdgeChunk
-from pyg_sar.exchange import RowPlan
+from pyg_sar.graph.exchange import RowPlan
 from _dist import run_workers
 from _graphs import hard_graph
 

@@ -3,7 +3,7 @@
 A SAR propagation moves every halo row through freshly allocated buffers:
 the rows a worker gathers to send, the rows it receives, the gradients it
 computes for a peer and those it receives back. On CPU each such buffer
-above glibc's mmap threshold (which :mod:`pyg_sar._malloc` fixes at 2 MiB)
+above glibc's mmap threshold (which :mod:`pyg_sar.utils.malloc` fixes at 2 MiB)
 is a new mapping whose every page the kernel faults in and zeroes on first
 touch, and unmaps on free. At 4 workers on the 200k-node benchmark graph
 that was ~390 MiB of freshly faulted pages per worker and epoch, a third of

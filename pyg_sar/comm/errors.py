@@ -7,6 +7,7 @@ import re
 import time
 from typing import Dict, Optional
 
+from pyg_sar.comm import process_group
 from pyg_sar.comm.state import _CONFIG
 
 
@@ -106,12 +107,12 @@ def report_failure(message: str) -> None:
     store, so that peers whose waits fail next name this rank and quote it
     (``pyg-sar`` does this for every error it prints). Best effort: a store
     that is gone is ignored."""
-    from pyg_sar import comm
     store = _store()
     if store is None:
         return
     try:
-        store.set(_FAILED_KEY.format(comm.get_rank()), message[:500])
+        store.set(_FAILED_KEY.format(process_group.get_rank()),
+                  message[:500])
     except Exception:
         pass
 
@@ -137,10 +138,10 @@ def _peer_error(what: str, peer: Optional[int],
                 elapsed: float) -> PeerError:
     """Builds the :class:`PeerError` of a failed wait of ``elapsed`` seconds
     on ``what`` (a send/receive with ``peer``, or a collective)."""
-    # Looked up on the package at call time, as when comm was one module, so
-    # that patching pyg_sar.comm.get_rank / get_world_size reaches here too.
-    from pyg_sar import comm
-    rank, world_size = comm.get_rank(), comm.get_world_size()
+    # Looked up on the module at call time, so that patching
+    # pyg_sar.comm.process_group.get_rank / get_world_size reaches here.
+    rank = process_group.get_rank()
+    world_size = process_group.get_world_size()
     timeout = _CONFIG.timeout.total_seconds()
     text = str(cause) if cause is not None else ''
     address = None

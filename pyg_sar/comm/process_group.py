@@ -37,7 +37,7 @@ def init_distributed(
         ``(rank, world_size)``
     """
     configure(timeout=timeout)
-    from pyg_sar._malloc import configure_allocator
+    from pyg_sar.utils.malloc import configure_allocator
     configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()

@@ -1,4 +1,5 @@
-"""Distributed mini-batch loading: neighbor sampling on collectives.
+"""Stage 5, loaders: distributed mini-batch loading, neighbor sampling on
+collectives.
 
 :class:`DistNeighborLoader` draws PyG ``NeighborLoader``-style batches from a
 partitioned graph with ``all_to_all`` exchanges per hop (no RPC, no pyg-lib),
@@ -6,6 +7,8 @@ heterogeneous ones (:class:`DistHeteroNeighborLoader`, built by
 :class:`DistNeighborLoader` for a heterogeneous part) included,
 and :class:`DistLinkNeighborLoader` PyG ``LinkNeighborLoader``-style ones;
 :func:`sample_neighbors` is its vectorized single-process sampling kernel.
+Loaders read a part (or PyG's local stores) and talk through the
+communication stage; they use no layer and know nothing of training.
 """
 from pyg_sar.loader.hetero import DistHeteroNeighborLoader
 from pyg_sar.loader.link_loader import DistLinkNeighborLoader

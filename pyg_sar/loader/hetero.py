@@ -1,7 +1,7 @@
 """Neighbor sampling of heterogeneous graphs on collectives.
 
 :class:`pyg_sar.loader.DistNeighborLoader` given a heterogeneous part (a
-:class:`pyg_sar.partition_hetero_load.HeteroPartition`, or PyG's
+:class:`pyg_sar.partition.hetero_load.HeteroPartition`, or PyG's
 heterogeneous stores loaded from a pyg_sar partition) builds a
 :class:`DistHeteroNeighborLoader`. Sampling follows PyG's heterogeneous
 semantics: the seeds are nodes of one type; at every hop, for every edge
@@ -375,3 +375,6 @@ def _hetero_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
         raise ValueError(f"'num_neighbors' must give every edge type the "
                          f"same number of hops (got {sorted(hops)})")
     return {e: out[e] for e in edge_types}
+
+
+DistNeighborLoader._kinds['hetero'] = DistHeteroNeighborLoader

@@ -1,7 +1,7 @@
 """What the heterogeneous loader needs of one part (:class:`HeteroShard`):
 per node type the ownership and the node attributes, per edge type the local
 CSC and the edge attributes, read from a
-:class:`pyg_sar.partition_hetero_load.HeteroPartition` or from PyG's
+:class:`pyg_sar.partition.hetero_load.HeteroPartition` or from PyG's
 heterogeneous ``LocalFeatureStore``/``LocalGraphStore``.
 
 Ids are per type and those of the partition: part ``p`` owns the ids
@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_sar.partition import HeteroPartition
 from pyg_sar.loader.shard import schema, store_pair
 
 EdgeType = Tuple[str, str, str]
@@ -154,21 +155,7 @@ class HeteroShard:
                       for e, s in self.edges.items()))
 
 
-def is_hetero(data: Any) -> bool:
-    """Whether ``data`` is a heterogeneous part or a pair of PyG stores
-    holding one."""
-    if getattr(data, 'is_hetero', False) is True:
-        return True
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        for store in data:
-            meta = getattr(store, 'meta', None)
-            if isinstance(meta, dict) and meta.get('is_hetero'):
-                return True
-    return False
-
-
 def to_hetero_shard(data: Any) -> HeteroShard:
-    from pyg_sar.partition_hetero_load import HeteroPartition
     if isinstance(data, HeteroPartition):
         return HeteroShard.from_partition(data)
     stores = store_pair(data)

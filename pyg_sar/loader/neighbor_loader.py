@@ -20,8 +20,8 @@ numbers of batches, or none at all.
 """
 from __future__ import annotations
 
-from typing import (Any, Callable, Iterator, List, Optional, Sequence,
-                    Tuple)
+from typing import (Any, Callable, Dict, Iterator, List, Optional,
+                    Sequence, Tuple)
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ from pyg_sar.loader.batch_parts import (_INT32_MAX, _bidirectional,
 from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
                                     agree_with_peers, count_batches_and_seed,
                                     local_seeds, resolve, store_batch_options)
-from pyg_sar.loader.shard import edge_weight, schema, to_shard
+from pyg_sar.loader.shard import edge_weight, is_hetero, schema, to_shard
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
 class DistNeighborLoader:
@@ -135,12 +135,14 @@ class DistNeighborLoader:
     :class:`~torch_geometric.data.HeteroData` batches.
     """
 
+    # The heterogeneous loader subclasses this one, so it registers here when
+    # imported (pyg_sar.loader imports it) instead of being imported.
+    _kinds: Dict[str, type] = {}
+
     def __new__(cls, *args: Any, **kwargs: Any) -> 'DistNeighborLoader':
         if cls is DistNeighborLoader:
-            from pyg_sar.loader.hetero_shard import is_hetero
             if is_hetero(args[0] if args else kwargs.get('data')):
-                from pyg_sar.loader.hetero import DistHeteroNeighborLoader
-                return super().__new__(DistHeteroNeighborLoader)
+                return super().__new__(DistNeighborLoader._kinds['hetero'])
         return super().__new__(cls)
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,

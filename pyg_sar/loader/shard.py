@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_sar.partition import Partition
+
 
 class Shard:
     """What the loader needs of one part: ownership, the local CSC and the
@@ -112,9 +114,20 @@ def schema(attrs: Dict[str, Tensor]) -> List[Tuple[str, Tuple[int, ...],
             for name, value in attrs.items()]
 
 
+def is_hetero(data: Any) -> bool:
+    """Whether ``data`` is a heterogeneous part or a pair of PyG stores
+    holding one."""
+    if getattr(data, 'is_hetero', False) is True:
+        return True
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        for store in data:
+            meta = getattr(store, 'meta', None)
+            if isinstance(meta, dict) and meta.get('is_hetero'):
+                return True
+    return False
+
+
 def to_shard(data: Any) -> Shard:
-    from pyg_sar.loader.hetero_shard import is_hetero
-    from pyg_sar.partition import Partition
     if is_hetero(data):
         raise ValueError("this loader takes homogeneous graphs only (got a "
                          "heterogeneous part); heterogeneous sampling is "

@@ -1,17 +1,28 @@
-"""Distributed layers: PyG-compatible convolutions over a ``DistGraph``."""
+"""Stage 4, layers: PyG-compatible layers over a :class:`~pyg_sar.DistGraph`.
+:class:`DistMessagePassing` subclasses PyG's ``MessagePassing`` and sends its
+aggregations through the SAR engine (:mod:`~pyg_sar.nn.engine`: sequential
+per-shard aggregation, rematerialized backward, modes ``sar``, ``sa`` and
+``one_shot``) or, for layers the engine cannot express, over whole
+neighborhoods (:mod:`~pyg_sar.nn.neighborhood`, :mod:`~pyg_sar.nn.adapter`).
+The convolutions live one per file in :mod:`~pyg_sar.nn.conv`, the
+normalizations with whole-graph statistics in :mod:`~pyg_sar.nn.norm`, and
+:func:`to_distributed` converts a stock PyG model or refuses it by name
+(:mod:`~pyg_sar.nn.convert`). Layers exchange rows through the graph and the
+communication stage; they know nothing of loaders or training.
+"""
 from pyg_sar.nn.message_passing import DistMessagePassing
-from pyg_sar.nn.sage_conv import SAGEConv
-from pyg_sar.nn.gcn_conv import GCNConv
-from pyg_sar.nn.graph_conv import GraphConv
-from pyg_sar.nn.gin_conv import GINConv
-from pyg_sar.nn.gat_conv import GATConv
-from pyg_sar.nn.gatv2_conv import GATv2Conv
+from pyg_sar.nn.conv.sage_conv import SAGEConv
+from pyg_sar.nn.conv.gcn_conv import GCNConv
+from pyg_sar.nn.conv.graph_conv import GraphConv
+from pyg_sar.nn.conv.gin_conv import GINConv
+from pyg_sar.nn.conv.gat_conv import GATConv
+from pyg_sar.nn.conv.gatv2_conv import GATv2Conv
 from pyg_sar.nn.norm import (BatchNorm, BatchNorm1d, GraphNorm, InstanceNorm,
                              LayerNorm, PairNorm)
-from pyg_sar.nn.dir_gnn_conv import DistDirGNNConv
-from pyg_sar.nn.rgcn_conv import FastRGCNConv, RGCNConv
-from pyg_sar.nn.hetero_conv import HeteroConv
-from pyg_sar.nn.hgt_conv import HGTConv
+from pyg_sar.nn.conv.dir_gnn_conv import DistDirGNNConv
+from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
+from pyg_sar.nn.conv.hetero_conv import HeteroConv
+from pyg_sar.nn.conv.hgt_conv import HGTConv
 from pyg_sar.nn.convert import convertible, to_distributed
 
 __all__ = [

@@ -20,7 +20,6 @@ import inspect
 import sys
 from typing import Any, Dict, Optional
 
-import torch_geometric.nn as pyg_nn
 from torch import Tensor
 
 from pyg_sar.graph import DistGraph
@@ -115,12 +114,16 @@ def _dtype(values: Dict[str, Any]):
     return t.dtype if t is not None else None
 
 
+def register_adapted(cls: type, adapted: type) -> None:
+    """Makes ``adapted`` (a :class:`DistAdapter` subclass written by hand,
+    such as :class:`pyg_sar.nn.conv.cheb_conv.ChebConv`) the adapted class of
+    the stock ``cls``."""
+    _ADAPTED[cls] = adapted
+
+
 def adapted_class(cls: type) -> type:
     """``cls`` with :class:`DistAdapter` in front (one class per ``cls``,
     importable as ``pyg_sar.nn.adapter.Dist<Name>`` so pickling works)."""
-    if cls not in _ADAPTED and cls is pyg_nn.ChebConv:
-        from pyg_sar.nn.cheb_conv import ChebConv
-        _ADAPTED[cls] = ChebConv
     if cls not in _ADAPTED:
         name = f'Dist{cls.__name__}'
         new = type(name, (DistAdapter, cls), {'__module__': __name__,

@@ -25,17 +25,19 @@ import torch_geometric.nn.conv as pyg_conv
 from torch_geometric.nn import MessagePassing
 
 from pyg_sar.nn.adapter import DistAdapter, adapt
-from pyg_sar.nn.gat_conv import GATConv
-from pyg_sar.nn.gatv2_conv import GATv2Conv
-from pyg_sar.nn.gcn_conv import GCNConv
+from pyg_sar.nn.conv.cheb_conv import ChebConv  # noqa: F401 (registers)
+from pyg_sar.nn.conv.dir_gnn_conv import adapt_dir_gnn
+from pyg_sar.nn.conv.gat_conv import GATConv
+from pyg_sar.nn.conv.gatv2_conv import GATv2Conv
+from pyg_sar.nn.conv.gcn_conv import GCNConv
 from pyg_sar.nn.gcn_norm import NORMALIZED
-from pyg_sar.nn.gin_conv import GINConv
-from pyg_sar.nn.graph_conv import GraphConv
+from pyg_sar.nn.conv.gin_conv import GINConv
+from pyg_sar.nn.conv.graph_conv import GraphConv
 from pyg_sar.nn.message_passing import DistMessagePassing
 from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
-from pyg_sar.nn.hgt_conv import HGTConv
-from pyg_sar.nn.rgcn_conv import FastRGCNConv, RGCNConv
-from pyg_sar.nn.sage_conv import SAGEConv
+from pyg_sar.nn.conv.hgt_conv import HGTConv
+from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
+from pyg_sar.nn.conv.sage_conv import SAGEConv
 
 
 def _aggr(module) -> Dict:
@@ -135,6 +137,25 @@ REFUSAL_REASONS = {
 }
 
 
+# Stock containers of layers whose twin converts its children itself (it
+# calls to_distributed, so this module cannot import it): the twin's module
+# registers its converter here on import, and pyg_sar.nn imports it.
+_COMPOSITE: Dict[type, Callable] = {}
+
+
+def register_composite(cls: type, convert: Callable) -> None:
+    """Registers ``convert(module, path, strict)``, the conversion of the
+    stock container class ``cls`` (e.g. ``HeteroConv``)."""
+    _COMPOSITE[cls] = convert
+
+
+def convert_children(module: torch.nn.Module, prefix: str,
+                     strict: bool) -> None:
+    """Converts every child of ``module`` in place (``prefix``: the
+    module's path in the model, for refusals)."""
+    _convert_children(module, prefix, strict)
+
+
 def convertible() -> tuple:
     """Every stock class :func:`to_distributed` converts."""
     return tuple(_TWINS) + ADAPTED + tuple(NORMALIZED) + tuple(
@@ -189,15 +210,9 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
     if cls in NORMALIZED or cls in ADAPTED:
         _convert_children(module, f'{path}.' if path else '', strict)
         return adapt(module)
-    if cls is pyg_nn.HeteroConv:
-        from pyg_sar.nn.hetero_conv import HeteroConv
-        new = HeteroConv({}, module.aggr)
-        new.convs = module.convs
-        _convert_children(new.convs, f'{path}.convs.' if path else 'convs.',
-                          strict)
-        return new.train(module.training)
+    if cls in _COMPOSITE:
+        return _COMPOSITE[cls](module, path, strict)
     if cls is pyg_nn.DirGNNConv:
-        from pyg_sar.nn.dir_gnn_conv import adapt_dir_gnn
         _convert_children(module, f'{path}.' if path else '', strict)
         return adapt_dir_gnn(module)
     refused = isinstance(module, (MessagePassing, REFUSED) + tuple(

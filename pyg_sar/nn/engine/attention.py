@@ -9,7 +9,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_sar.graph import EdgeChunk
+from pyg_sar.graph.blocks import EdgeChunk
 from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul,
                                        sparse_kernels_fit)
 

@@ -23,10 +23,10 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pyg_sar import comm
-from pyg_sar._malloc import trim_heap
+from pyg_sar.utils.malloc import trim_heap
 from pyg_sar.comm.buffers import rows_shape
-from pyg_sar.blocks import power_of_two_at_most
-from pyg_sar.graph import EdgeBlock, EdgeChunk
+from pyg_sar.graph.blocks import power_of_two_at_most
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.attention import AttentionMixin
 from pyg_sar.nn.engine.messages import MessageMixin
 from pyg_sar.nn.engine.reduce import ReduceMixin, _per_row

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_sar.graph import EdgeChunk
+from pyg_sar.graph.blocks import EdgeChunk
 
 
 class MessageMixin:

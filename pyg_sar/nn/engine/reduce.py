@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_sar.graph import EdgeChunk
+from pyg_sar.graph.blocks import EdgeChunk
 
 
 def _per_row(vector: Tensor, like: Tensor) -> Tensor:

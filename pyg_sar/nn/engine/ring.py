@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar._malloc import trim_heap
+from pyg_sar.utils.malloc import trim_heap
 from pyg_sar.comm.buffers import rows_shape
-from pyg_sar.blocks import power_of_two_at_most
-from pyg_sar.graph import EdgeBlock
+from pyg_sar.graph.blocks import power_of_two_at_most
+from pyg_sar.graph.blocks import EdgeBlock
 
 # A re-fetch and a gradient send-back between the same two ranks can be in
 # flight together, so the send-back has its own channel (a process group).

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.graph import EdgeBlock, EdgeChunk
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.reduce import _per_row
 
 # CSR products are the point of the linear path; their beta notice is noise.

@@ -25,7 +25,7 @@ def global_mean(x: Tensor) -> Tuple[Tensor, int]:
     Sums are accumulated in at least float32 (and the count travels in the
     same message); the mean is returned in ``x``'s dtype.
     """
-    from pyg_sar.mfg import active
+    from pyg_sar.graph.mfg import active
     if active() is not None:
         raise ValueError("a norm over all nodes (its statistics mix every "
                          "row) is not exact with layer-wise MFGs, which "

@@ -1,0 +1,21 @@
+"""Datasets: where the graphs come from, before partitioning. A scalable
+synthetic homogeneous graph (:mod:`~pyg_sar.datasets.synthetic`), an
+ogbn-mag-shaped heterogeneous one (:mod:`~pyg_sar.datasets.synthetic_hetero`)
+and the real graphs PyG's own dataset classes load
+(:mod:`~pyg_sar.datasets.catalog`), all behind :func:`load`. Real graphs are
+downloaded by PyG on connected machines; offline, point ``root`` at a folder
+that holds their raw files in PyG's layout. This package imports nothing else
+of ``pyg_sar``.
+"""
+from pyg_sar.datasets.catalog import (AMAZON_NAMES, COAUTHOR_NAMES,
+                                      HETERO_NAMES, PLANETOID_NAMES,
+                                      available, load,
+                                      random_planetoid_split)
+from pyg_sar.datasets.synthetic import SYNTHETIC_DEFAULTS, synthetic_graph
+from pyg_sar.datasets.synthetic_hetero import (RELATIONS,
+                                               synthetic_hetero_graph)
+
+__all__ = ['load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
+           'random_planetoid_split', 'SYNTHETIC_DEFAULTS', 'RELATIONS',
+           'PLANETOID_NAMES', 'AMAZON_NAMES', 'COAUTHOR_NAMES',
+           'HETERO_NAMES']

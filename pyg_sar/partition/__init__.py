@@ -1,0 +1,18 @@
+"""Stage 1, partitioning: runs once, on one machine, before any worker
+starts. :func:`partition_graph` checks the input graph
+(:mod:`~pyg_sar.partition.common`, :mod:`~pyg_sar.partition.finite`,
+:mod:`~pyg_sar.partition.hetero_input`), assigns every node to a part
+(:mod:`~pyg_sar.partition.assign`: METIS or random, training nodes
+balanced), relabels nodes and edges so that each part owns a contiguous id
+range, and writes PyG's ``torch_geometric.distributed`` on-disk layout
+(:mod:`~pyg_sar.partition.layout`) atomically
+(:mod:`~pyg_sar.partition.out_dir`). :func:`load_partition` reads one part
+back on a worker as a :class:`Partition` or :class:`HeteroPartition`,
+checking every file against the manifest. Nothing here communicates.
+"""
+from pyg_sar.partition.api import partition_graph
+from pyg_sar.partition.hetero_load import EdgePart, HeteroPartition, NodePart
+from pyg_sar.partition.load import Partition, load_partition
+
+__all__ = ['partition_graph', 'load_partition', 'Partition',
+           'HeteroPartition', 'NodePart', 'EdgePart']

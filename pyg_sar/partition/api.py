@@ -1,0 +1,79 @@
+"""The partitioner's entry point: :func:`partition_graph` hands a
+homogeneous :class:`~torch_geometric.data.Data` to
+:mod:`~pyg_sar.partition.homogeneous` and a
+:class:`~torch_geometric.data.HeteroData` to
+:mod:`~pyg_sar.partition.heterogeneous`."""
+from typing import Any, Dict, Optional
+
+from torch_geometric.data import Data, HeteroData
+
+from pyg_sar.partition.heterogeneous import partition_hetero_graph
+from pyg_sar.partition.homogeneous import write_homogeneous
+
+
+def partition_graph(
+    data: Data,
+    num_parts: int,
+    out_dir: str,
+    method: str = 'metis',
+    balance_train: bool = True,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Optional[bool] = None,
+    allow_non_finite: bool = False,
+) -> Dict[str, Any]:
+    r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
+    :obj:`out_dir` in PyG's distributed on-disk format.
+
+    A :class:`~torch_geometric.data.HeteroData` is partitioned by
+    :func:`pyg_sar.partition.heterogeneous.partition_hetero_graph` (every node type
+    balanced, per-type ids, PyG's heterogeneous layout); the rest of this
+    description is about a homogeneous :class:`Data`.
+
+    Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
+    :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
+    order), and edges so that every part's incoming edges get contiguous new
+    ids, sorted by :obj:`(dst, src)`. :obj:`perm.pt` maps new node ids to
+    input ids. Every node attribute (first dimension :obj:`num_nodes`) and
+    edge attribute (first dimension :obj:`num_edges`) is kept.
+
+    The output is written to a temporary folder next to :obj:`out_dir` and
+    renamed when complete, so a failed run leaves nothing behind.
+
+    Args:
+        data (torch_geometric.data.Data or HeteroData): The graph.
+        num_parts (int): Number of parts, between 1 and the number of nodes.
+        out_dir (str): Output directory. Must be empty or absent unless
+            :obj:`overwrite` is set.
+        method (str, optional): :obj:`"metis"` (k-way METIS on the
+            symmetrized graph) or :obj:`"random"` (balanced random
+            assignment). (default: :obj:`"metis"`)
+        balance_train (bool, optional): If set and :obj:`data.train_mask`
+            exists, also balance the number of training nodes per part.
+            (default: :obj:`True`)
+        seed (int, optional): Seed of METIS and of the random assignment.
+            (default: :obj:`0`)
+        overwrite (bool, optional): Replace an existing partition in
+            :obj:`out_dir`. The old one is removed only after the new one is
+            complete. (default: :obj:`False`)
+        progress (bool, optional): Show a progress bar. (default: when
+            standard error is a terminal)
+        allow_non_finite (bool, optional): Partition floating node and edge
+            attributes that hold NaN or inf. By default they raise a
+            :class:`ValueError` naming the attribute, the number of affected
+            rows and the first one. The check sums each floating attribute
+            once (about 2 ms for a 200k x 128 float32 :obj:`x`).
+            (default: :obj:`False`)
+
+    Returns:
+        The manifest written to :obj:`out_dir/pyg_sar.json`.
+    """
+    if isinstance(data, HeteroData):
+        return partition_hetero_graph(
+            data, num_parts, out_dir, method=method,
+            balance_train=balance_train, seed=seed, overwrite=overwrite,
+            progress=progress, allow_non_finite=allow_non_finite)
+    return write_homogeneous(
+        data, num_parts, out_dir, method=method, balance_train=balance_train,
+        seed=seed, overwrite=overwrite, progress=progress,
+        allow_non_finite=allow_non_finite)

@@ -1,0 +1,78 @@
+"""What the homogeneous and the heterogeneous writer share: input checks,
+per-part counts and the manifest's tensor descriptions."""
+from typing import Any, Dict, Optional
+
+import torch
+from torch import Tensor
+
+from pyg_sar.partition.layout import METHODS
+from pyg_sar.utils.version import __version__
+
+
+def _version() -> str:
+    return __version__
+
+
+def _check_edge_index(edge_index: Any, name: str) -> Tensor:
+    r"""Checks that :obj:`edge_index` (called :obj:`name` in errors) is an
+    integer tensor of shape :obj:`[2, num_edges]`; returns it as int64."""
+    if edge_index is None:
+        raise ValueError(f"'{name}' is missing; expected a tensor of "
+                         f"shape [2, num_edges]")
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"'{name}' must be a tensor of shape "
+                        f"[2, num_edges] (got '{type(edge_index).__name__}')")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"'{name}' must have shape [2, num_edges] "
+                         f"(got {list(edge_index.shape)})")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"'{name}' must have dtype torch.int64 "
+                         f"(got {edge_index.dtype})")
+    return edge_index.long()
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"Unknown partition method '{method}'; expected one "
+                         f"of {list(METHODS)}")
+
+
+def _check_num_parts(num_parts: Any, num_nodes: int) -> None:
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
+        raise TypeError(f"'num_parts' must be an int (got "
+                        f"{type(num_parts).__name__})")
+    if not 1 <= num_parts <= num_nodes:
+        raise ValueError(f"'num_parts' must lie in [1, num_nodes="
+                         f"{num_nodes}] (got {num_parts})")
+
+
+def _count_per_part(values: Tensor, num_parts: int) -> Tensor:
+    return torch.bincount(values, minlength=num_parts)
+
+
+def _ratio(counts: Tensor) -> float:
+    mean = float(counts.double().mean())
+    return float(counts.max()) / mean if mean > 0 else 1.0
+
+
+def _num_classes(y) -> Optional[int]:
+    """The class count of the labels ``y``: ``max + 1`` of integer labels
+    (one per node, or ``[N, 1]``), the width of a multi-label ``[N, C]``
+    float/bool target; ``None`` without usable labels."""
+    if not isinstance(y, Tensor) or y.numel() == 0:
+        return None
+    if y.dim() == 2 and y.size(1) > 1:
+        return int(y.size(1))
+    if y.is_floating_point() or y.dtype == torch.bool or y.dim() > 2:
+        return None
+    return int(y.max()) + 1
+
+
+def _tensor_info(value: Tensor) -> Dict[str, Any]:
+    return dict(shape=list(value.shape), dtype=str(value.dtype))
+
+
+def _save(obj: Any, path: str) -> None:
+    torch.save(obj, path)
+
+

@@ -1,0 +1,16 @@
+"""Stage 6, training: the full-batch loop a user would write, packaged.
+:func:`train` (what ``pyg-sar train`` runs) loads a part, builds the
+:class:`~pyg_sar.DistGraph`, converts a stock PyG model with
+:func:`~pyg_sar.nn.to_distributed` and trains it with the global loss
+(:func:`distributed_loss`) and global accuracies (:func:`evaluate`).
+:mod:`~pyg_sar.train.checkpoint` saves and resumes sharded checkpoints with
+``torch.distributed.checkpoint``; :mod:`~pyg_sar.train.run_log` writes the
+per-epoch metrics and curves of a run.
+"""
+from pyg_sar.train import checkpoint
+from pyg_sar.train.loop import (GNN, MODELS, distributed_loss, evaluate,
+                                limit_heap_retention, resolve_device, train)
+from pyg_sar.train.run_log import RunLog
+
+__all__ = ['train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
+           'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog']

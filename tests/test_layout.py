@@ -1,0 +1,187 @@
+"""The package layout, read from the source: one folder per stage, no import
+circles, no import from a later stage into an earlier one, every
+``torch.distributed`` import in the communication stage, and the fast paths
+(``import pyg_sar``, ``pyg-sar --help``) free of torch."""
+import ast
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+import pyg_sar
+
+ROOT = osp.dirname(pyg_sar.__file__)
+# The pipeline, in order: a stage may import itself and earlier stages.
+STAGES = ['utils', 'partition', 'comm', 'graph', 'nn', 'loader', 'train',
+          'datasets', 'cli']
+
+
+def _modules():
+    """``{dotted name: path}`` of every module of the package."""
+    found = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if not name.endswith('.py'):
+                continue
+            path = osp.join(folder, name)
+            rel = osp.relpath(path, osp.dirname(ROOT))[:-3].split(os.sep)
+            if rel[-1] == '__init__':
+                rel = rel[:-1]
+            found['.'.join(rel)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _package_of(module: str, path: str) -> str:
+    return module if path.endswith('__init__.py') else \
+        module.rsplit('.', 1)[0]
+
+
+def _imports(module: str, path: str):
+    """Modules of the package that ``module`` imports, anywhere in its body
+    (function-level imports included, ``TYPE_CHECKING`` blocks not): the
+    most specific module named."""
+    tree = ast.parse(open(path).read(), path)
+    # Imports for type checkers only never run.
+    typing_only = {id(n) for block in ast.walk(tree)
+                   if isinstance(block, ast.If)
+                   and getattr(block.test, 'id', None) == 'TYPE_CHECKING'
+                   for stmt in block.body for n in ast.walk(stmt)}
+    targets = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parts = _package_of(module, path).split('.')
+                parts = parts[:len(parts) - node.level + 1]
+                base = '.'.join(parts + ([base] if base else []))
+            names = [f'{base}.{alias.name}' if f'{base}.{alias.name}' in
+                     MODULES else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition('.')[0]
+            if name.startswith('pyg_sar'):
+                targets.add(name)
+    targets.discard(module)
+    return targets
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _stage(module: str):
+    parts = module.split('.')
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_one_folder_per_stage_with_a_docstring():
+    top = sorted(n for n in os.listdir(ROOT) if not n.startswith(('.', '_'))
+                 and n != '__pycache__')
+    assert top == sorted(STAGES), top
+    loose = [n for n in os.listdir(ROOT) if n.endswith('.py')]
+    assert loose == ['__init__.py'], loose
+    for stage in STAGES:
+        init = osp.join(ROOT, stage, '__init__.py')
+        doc = ast.get_docstring(ast.parse(open(init).read()))
+        assert doc and len(doc.split()) >= 25, \
+            f'pyg_sar.{stage} needs a one-paragraph docstring'
+
+
+def test_no_import_circles():
+    # Tarjan's strongly connected components over the module graph.
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not cycles, f'import circles: {cycles}'
+
+
+def test_no_stage_imports_a_later_one():
+    upward = []
+    for module, targets in GRAPH.items():
+        stage = _stage(module)
+        if stage is None:  # the package facade imports lazily, by name
+            continue
+        for target in targets:
+            other = _stage(target)
+            if other is None:
+                upward.append(f'{module} -> {target} (the package facade)')
+            elif STAGES.index(other) > STAGES.index(stage):
+                upward.append(f'{module} -> {target}')
+    assert not upward, 'imports from a later stage: ' + '; '.join(upward)
+
+
+def test_torch_distributed_only_in_comm():
+    outside = []
+    for module, path in MODULES.items():
+        if _stage(module) == 'comm':
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = ([a.name for a in node.names]
+                     if isinstance(node, ast.Import) else
+                     [node.module or ''] if isinstance(node, ast.ImportFrom)
+                     else [])
+            if any(n.startswith('torch.distributed') for n in names):
+                outside.append(module)
+    assert not outside, outside
+
+
+@pytest.mark.parametrize('code', [
+    'import pyg_sar; pyg_sar.__version__',
+    'import sys; sys.argv = ["pyg-sar", "--help"]\n'
+    'from pyg_sar.cli.main import main\n'
+    'try:\n    main()\nexcept SystemExit:\n    pass',
+])
+def test_fast_paths_do_not_import_torch(code):
+    out = subprocess.run(
+        [sys.executable, '-c', code + '\nimport sys\n'
+         'print("TORCH" if "torch" in sys.modules else "NO TORCH")'],
+        capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().endswith('NO TORCH'), out.stdout + out.stderr
+
+
+def test_public_names_stay_where_users_import_them():
+    from pyg_sar import checkpoint, link  # noqa: F401
+    from pyg_sar.graph import DistGraph, HeteroDistGraph  # noqa: F401
+    from pyg_sar.loader import (DistHeteroNeighborLoader,  # noqa: F401
+                                DistLinkNeighborLoader, DistNeighborLoader)
+    from pyg_sar.nn import (DistMessagePassing, SAGEConv,  # noqa: F401
+                            to_distributed)
+    from pyg_sar.train import distributed_loss, evaluate  # noqa: F401
+    for name in pyg_sar.__all__:
+        assert getattr(pyg_sar, name) is not None, name
