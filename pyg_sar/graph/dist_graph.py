@@ -8,6 +8,7 @@ and agrees with every peer, once, on which rows travel between them.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -104,6 +105,9 @@ class DistGraph:
         in_degree: Global in-degree of every local node (all in-edges of a
             node live with its owner, so it is complete locally).
     """
+
+    # What pyg_sar/graph/guard.py looks for in a stock layer's arguments.
+    is_dist_graph = True
 
     # Graph kinds built on this class by later modules of this package (the
     # transposed graph, the heterogeneous graph): they subclass or wrap
@@ -533,3 +537,14 @@ class DistGraph:
                 f"nodes={self.num_nodes}, edges={self.num_edges}, "
                 f"halo={self.num_halo_nodes}, mode={self.mode!r}, "
                 f"chunk_size={self.chunk_size})")
+
+
+def _init_signature(cls: type) -> inspect.Signature:
+    """``cls.__init__``'s signature without ``self``: what ``help(cls)``
+    shows instead of the dispatching ``__new__``'s ``(*args, **kwargs)``."""
+    signature = inspect.signature(cls.__init__)
+    return signature.replace(
+        parameters=list(signature.parameters.values())[1:])
+
+
+DistGraph.__signature__ = _init_signature(DistGraph)

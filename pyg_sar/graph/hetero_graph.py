@@ -57,6 +57,8 @@ class HeteroDistGraph(Mapping):
         orig_ids_dict: Per node type, the input-graph id of every local node.
     """
 
+    is_dist_graph = True  # pyg_sar/graph/guard.py
+
     def __init__(self, part, mode: str = 'sar',
                  chunk_size: Optional[int] = None,
                  device: Optional[torch.device] = None) -> None:

@@ -39,6 +39,9 @@ class DistAdapter:
     order); ``propagate`` and ``edge_updater`` then run over whole
     neighborhoods.
     """
+
+    # Called with a DistGraph by design (pyg_sar/graph/guard.py).
+    accepts_dist_graph = True
     _sar_graph: Optional[DistGraph] = None
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:

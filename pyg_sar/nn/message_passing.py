@@ -69,6 +69,9 @@ class DistMessagePassing(MessagePassing):
       ``[N, H, C]``), values are aggregated by one sparse product per head
       and never gathered per edge.
     """
+
+    # Called with a DistGraph by design (pyg_sar/graph/guard.py).
+    accepts_dist_graph = True
     linear_message: bool = False
     message_parameters: Optional[Sequence[str]] = None
     attention: bool = False

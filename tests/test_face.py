@@ -1,0 +1,103 @@
+"""What a new user meets first: the version, a fast ``--help``, real
+signatures in ``help()``, the class count of a partition, and refusals that
+name the fix (a stock layer given a ``DistGraph``; a layer of one's own that
+subclasses ``MessagePassing``)."""
+import inspect
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric.nn import MessagePassing
+
+import pyg_sar
+from pyg_sar import cli, datasets, load_partition, partition_graph
+from pyg_sar.nn import to_distributed
+
+
+def test_version_and_help_are_fast_and_torch_free(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(['--version'])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f'pyg-sar {pyg_sar.__version__}'
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, '-m', 'pyg_sar.cli', '--help'],
+                         capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr
+    for command in ('partition', 'info', 'train', 'demo'):
+        assert command in out.stdout
+    assert elapsed < 5.0, elapsed  # it imported torch before: 13.8 s
+
+
+def test_public_constructors_show_their_real_signatures():
+    graph = inspect.signature(pyg_sar.DistGraph)
+    assert list(graph.parameters) == ['part', 'mode', 'chunk_size', 'device']
+
+
+@pytest.fixture(scope='module')
+def one_part(tmp_path_factory):
+    data = datasets.synthetic_graph(300, 5.0, 8, 3, seed=0)
+    out = str(tmp_path_factory.mktemp('face') / 'parts')
+    partition_graph(data, 1, out)
+    return data, load_partition(out, 0)
+
+
+def test_partition_knows_its_class_count(one_part):
+    data, part = one_part
+    assert part.num_classes == int(data.y.max()) + 1 == 3
+
+
+def _with_graph(fn):
+    """Calls ``fn(part, graph)`` in a one-rank process group."""
+    from pyg_sar import comm
+    import os
+    os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
+                      MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(comm.find_free_port()))
+    comm.init_distributed(backend='gloo')
+    try:
+        return fn()
+    finally:
+        comm.shutdown()
+
+
+@pytest.mark.parametrize('make', [
+    lambda: pyg_nn.GCNConv(8, 4),
+    lambda: pyg_nn.SAGEConv(8, 4),
+    lambda: pyg_nn.TransformerConv(8, 4),
+    lambda: pyg_nn.ChebConv(8, 4, K=2),
+])
+def test_a_stock_layer_given_a_dist_graph_says_to_convert(one_part, make):
+    _, part = one_part
+
+    def run():
+        graph = pyg_sar.DistGraph(part)
+        conv = make()
+        with pytest.raises(TypeError) as error:
+            conv(part.x, graph)
+        message = str(error.value)
+        assert message.startswith(f'{type(conv).__name__} is a stock PyG '
+                                  f'layer and got a DistGraph')
+        assert 'pyg_sar.nn.to_distributed(model)' in message
+        # Converted, the same layer runs.
+        out = to_distributed(conv)(part.x, graph)
+        assert out.shape == (part.num_local_nodes, 4)
+
+    _with_graph(run)
+
+
+class _OwnLayer(MessagePassing):
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+
+def test_an_own_message_passing_layer_is_pointed_at_dist_message_passing():
+    with pytest.raises(ValueError) as error:
+        to_distributed(torch.nn.Sequential(_OwnLayer()))
+    message = str(error.value)
+    assert message.startswith("to_distributed: _OwnLayer at '0' has no "
+                              "distributed version in pyg_sar")
+    assert 'subclasses pyg_sar.nn.DistMessagePassing' in message
