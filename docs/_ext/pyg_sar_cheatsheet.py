@@ -1,0 +1,180 @@
+"""The conversion cheatsheet, generated from the conversion code.
+
+``.. pyg-sar-cheatsheet:: convolutions`` (or ``norms``, or ``torch``) renders
+one table row per class of ``torch_geometric.nn.conv.__all__`` (of
+``torch_geometric.nn.norm.__all__``; of the ``torch.nn`` modules that
+:func:`pyg_sar.nn.to_distributed` knows) with the path it takes in pyg_sar.
+The classification reads the same registries, in the same order, as
+``pyg_sar.nn.convert._convert_one`` (the private ``_TWINS`` and
+``_COMPOSITE`` included: they have no public view), so the table cannot
+drift from what ``to_distributed`` does; a class it cannot place stops the
+build.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch_geometric.nn as pyg_nn
+import torch_geometric.nn.conv as pyg_conv
+import torch_geometric.nn.norm as pyg_norm
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.parsing import nested_parse_to_nodes
+
+import pyg_sar.nn.conv as sar_conv
+import pyg_sar.nn.norm as sar_norm
+from pyg_sar.nn import convert
+from pyg_sar.nn.gcn_norm import NORMALIZED
+
+# The paths, in the order the tables sum them up.
+ENGINE = 'SAR engine'
+NEIGHBORHOODS = 'whole neighborhoods'
+INNER = 'inner layers converted'
+STATISTICS = 'whole-graph statistics'
+AS_IS = 'unchanged'
+REFUSED = 'refused'
+PATHS = (ENGINE, NEIGHBORHOODS, INNER, STATISTICS, AS_IS, REFUSED)
+BASE = 'base class'  # MessagePassing itself: not a layer, not counted
+GCN_NORM = "GCN normalization with the halo's degrees"
+
+EMPTY = '\u2014'  # an em dash, in a cell with nothing to say
+
+CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
+
+PYG_DOCS = 'https://pytorch-geometric.readthedocs.io/en/latest/generated'
+TORCH_DOCS = 'https://docs.pytorch.org/docs/stable/generated'
+
+
+@dataclasses.dataclass
+class Row:
+    stock: type
+    path: str
+    target: Optional[str] = None  # the pyg_sar class it becomes
+    note: str = ''
+
+
+def _public_subclass(module, stock: type) -> Optional[str]:
+    """The dotted name of the public class of ``module`` (a pyg_sar
+    package) that ``stock`` becomes: the one of the same name, else a
+    subclass of ``stock``."""
+    classes = {name: getattr(module, name) for name in module.__all__
+               if inspect.isclass(getattr(module, name))}
+    if stock.__name__ in classes:
+        return f'{module.__name__}.{stock.__name__}'
+    for name, cls in classes.items():
+        if issubclass(cls, stock):
+            return f'{module.__name__}.{name}'
+    return None
+
+
+def _required_target(module, stock: type, path: str) -> str:
+    target = _public_subclass(module, stock)
+    if target is None:
+        raise ExtensionError(
+            f'pyg-sar-cheatsheet: {stock.__name__} takes the path '
+            f'{path!r} but {module.__name__} exports no class for it')
+    return target
+
+
+def classify(stock: type) -> Row:
+    """The path ``to_distributed`` takes for an instance of ``stock``, in
+    the order of ``pyg_sar.nn.convert._convert_one``."""
+    name = stock.__name__
+    if stock in convert._TWINS:
+        return Row(stock, ENGINE, _required_target(sar_conv, stock, ENGINE),
+                   GCN_NORM if stock in NORMALIZED else '')
+    if stock in sar_norm.NORM_CONVERTERS:
+        return Row(stock, STATISTICS,
+                   _required_target(sar_norm, stock, STATISTICS))
+    if stock in NORMALIZED or stock in convert.ADAPTED:
+        return Row(stock, NEIGHBORHOODS, _public_subclass(sar_conv, stock),
+                   GCN_NORM if stock in NORMALIZED else '')
+    if stock in convert._COMPOSITE or stock is pyg_nn.DirGNNConv:
+        # Containers: their inner layers are converted, each on its own path.
+        return Row(stock, INNER, _required_target(sar_conv, stock, INNER))
+    if stock in convert.convertible():
+        raise ExtensionError(
+            f'pyg-sar-cheatsheet: to_distributed converts {name}, but the '
+            f'cheatsheet does not know how (see pyg_sar.nn.convert)')
+    if stock is pyg_nn.MessagePassing:
+        return Row(stock, BASE, 'pyg_sar.nn.DistMessagePassing',
+                   'a layer of your own subclasses it instead')
+    mixing = tuple(sar_norm.NODE_MIXING_WITHOUT_DIST_VERSION)
+    if issubclass(stock, (pyg_nn.MessagePassing,) + convert.REFUSED
+                  + mixing) or stock in CONV_CLASSES:
+        reason = convert.REFUSAL_REASONS.get(name)
+        if reason is None:
+            reason = ('mixes node rows, no distributed version'
+                      if issubclass(stock, mixing)
+                      else 'no distributed version yet')
+        return Row(stock, REFUSED, None, reason)
+    return Row(stock, AS_IS)
+
+
+def _rows(kind: str) -> Tuple[List[Row], str]:
+    if kind == 'convolutions':
+        classes = [getattr(pyg_conv, n) for n in pyg_conv.__all__]
+        what = 'layers of ``torch_geometric.nn.conv``'
+    elif kind == 'norms':
+        classes = [getattr(pyg_norm, n) for n in pyg_norm.__all__]
+        what = 'classes of ``torch_geometric.nn.norm``'
+    elif kind == 'torch':
+        known = (list(sar_norm.NORM_CONVERTERS)
+                 + list(sar_norm.NODE_MIXING_WITHOUT_DIST_VERSION))
+        classes = [c for c in known
+                   if not c.__module__.startswith('torch_geometric.')]
+        what = '``torch.nn`` modules ``to_distributed`` knows'
+    else:
+        raise ExtensionError(f'pyg-sar-cheatsheet: unknown table {kind!r} '
+                             "(convolutions, norms or torch)")
+    return [classify(c) for c in classes], what
+
+
+def _stock_link(stock: type) -> str:
+    """The stock class, linked to its page in PyG's (torch's) docs."""
+    if stock.__module__.startswith('torch_geometric.'):
+        package = ('torch_geometric.nn.conv' if stock in CONV_CLASSES
+                   else 'torch_geometric.nn.norm')
+        url = f'{PYG_DOCS}/{package}.{stock.__name__}.html'
+    else:
+        url = f'{TORCH_DOCS}/torch.nn.{stock.__name__}.html'
+    return f'`{stock.__name__} <{url}>`__'
+
+
+class CheatsheetDirective(SphinxDirective):
+    """``.. pyg-sar-cheatsheet:: convolutions|norms|torch``"""
+
+    required_arguments = 1
+
+    def run(self) -> List[nodes.Node]:
+        rows, what = _rows(self.arguments[0])
+        counts = {path: sum(r.path == path for r in rows) for path in PATHS}
+        summary = ', '.join(f'{n} {path}' for path, n in counts.items() if n)
+        lines = [f'{sum(counts.values())} {what}: {summary}.', '',
+                 '.. list-table::', '   :header-rows: 1',
+                 '   :widths: 22 22 56',
+                 '   :class: pyg-sar-cheatsheet', '',
+                 '   * - Stock class', '     - Path', '     - In pyg_sar']
+        for row in rows:
+            cell = []
+            if row.target:
+                cell.append(f':class:`~{row.target}`')
+            if row.note:
+                cell.append(row.note)
+            lines += [f'   * - {_stock_link(row.stock)}',
+                      f'     - {row.path}',
+                      f'     - {": ".join(cell) or EMPTY}']
+        source = f'<pyg-sar-cheatsheet {self.arguments[0]}>'
+        return nested_parse_to_nodes(self.state,
+                                     StringList(lines, source=source))
+
+
+def setup(app: Sphinx) -> Dict[str, Any]:
+    app.add_directive('pyg-sar-cheatsheet', CheatsheetDirective)
+    return {'version': '1.0', 'parallel_read_safe': True,
+            'parallel_write_safe': True}
