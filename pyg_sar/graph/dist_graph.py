@@ -457,7 +457,7 @@ class DistGraph:
 
     @property
     def num_ext_nodes(self) -> int:
-        """Local nodes plus halo nodes: the rows of :meth:`fetch_halo`."""
+        """Local nodes plus halo nodes (the rows of :meth:`fetch_halo`)."""
         return self.num_src_nodes + self.num_halo_nodes
 
     def halo_plan(self) -> RowPlan:

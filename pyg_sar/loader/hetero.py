@@ -70,8 +70,8 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             (every local node of it) or with a boolean mask over the type's
             local nodes (e.g. ``part['paper'].train_mask``) or the type's
             global ids owned by this rank, each at most once.
-        batch_size, shuffle, drop_last, replace, seed, transform,
-            pad_batches, device: As for the homogeneous loader.
+        batch_size, shuffle, drop_last, replace: As for the homogeneous loader.
+        seed, transform, pad_batches, device: As for the homogeneous loader.
 
     ``subgraph_type`` other than ``'directional'``, ``disjoint``,
     ``time_attr``/``input_time`` and ``weight_attr`` are refused for

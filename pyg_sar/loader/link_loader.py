@@ -84,16 +84,18 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         disjoint (bool): PyG's disjoint link layout: one subtree per
             endpoint, ``edge_label_index`` numbering the seeds in order,
             ``batch`` the pair of every node.
-        subgraph_type, device, and PyG's RPC arguments: as for
-            :class:`DistNeighborLoader` (PyG's positional order works too).
+        subgraph_type, device: as for :class:`DistNeighborLoader`, and so
+            are PyG's RPC arguments (PyG's positional order works too).
         neg_sampling (NegativeSampling, str or dict, optional): PyG's
             negative sampling configuration (``'binary'`` or ``'triplet'``,
             ``amount``, ``src_weight``/``dst_weight`` over all global
             ids).
         neg_sampling_ratio (float, optional): PyG's deprecated shortcut for
             binary sampling with this amount.
-        batch_size, shuffle, drop_last, replace, seed, transform,
-        pad_batches, **kwargs: as for :class:`DistNeighborLoader`.
+        batch_size, shuffle, drop_last, replace, seed, transform: as for
+            :class:`DistNeighborLoader`.
+        pad_batches: as for :class:`DistNeighborLoader`.
+        **kwargs: as for :class:`DistNeighborLoader`.
     """
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,
