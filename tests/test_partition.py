@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.distributed import LocalFeatureStore, LocalGraphStore
 
-import pyg_sar.partition as partition_module
+import pyg_sar.partition.homogeneous as partition_module
 from pyg_sar import Partition, datasets, load_partition, partition_graph
 
 

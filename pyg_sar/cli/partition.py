@@ -83,7 +83,7 @@ def _run_partition(args: argparse.Namespace) -> int:
     print(f"time: {manifest['time_s']['total']:.1f}s partition, "
           f"{load_time:.1f}s load")
     if manifest.get('is_hetero'):
-        _print_type_table(manifest)
+        print(_type_table(manifest))
     return 0
 
 
@@ -99,7 +99,7 @@ def _hetero_options(options: Dict[str, Any]) -> Dict[str, Any]:
     return mapped
 
 
-def _print_type_table(manifest: Dict[str, Any]) -> None:
+def _type_table(manifest: Dict[str, Any]) -> str:
     r"""Per node type and edge type: count, balance over the parts and (for
     edge types) the edge cut."""
     balance = manifest['balance_per_type']
@@ -112,7 +112,7 @@ def _print_type_table(manifest: Dict[str, Any]) -> None:
         rows.append([name, 'edge', f"{manifest['num_edges_dict'][name]:,}",
                      f"{balance['edges'][name]:.3f}",
                      f"{100 * cut[name]['fraction']:.2f}%"])
-    print(_format_table(['type', 'kind', 'count', 'balance', 'cut'], rows))
+    return _format_table(['type', 'kind', 'count', 'balance', 'cut'], rows)
 
 
 # info ########################################################################
@@ -136,46 +136,92 @@ def _format_table(header: List[str], rows: List[List[str]]) -> str:
     return '\n'.join(lines)
 
 
+# What ``pyg-sar info`` reads of a manifest, checked before anything is
+# printed (see pyg_sar.partition.reader._check_schema).
+_NUMBER = (int, float)
+_ATTR_INFO = {'shape': list, 'dtype': str}
+_INFO_COMMON = {
+    'pyg_sar_version': str, 'method': str, 'num_parts': int,
+    'num_nodes': int, 'num_edges': int,
+    'edge_cut': {'count': int, 'fraction': _NUMBER},
+    'balance': {'*': _NUMBER}, 'time_s': {'*': _NUMBER},
+}
+_INFO_HOMOGENEOUS = {
+    **_INFO_COMMON,
+    'perm_file': str,
+    'source': {'node_attrs': {'*': _ATTR_INFO},
+               'edge_attrs': {'*': _ATTR_INFO}},
+    'parts': [{'num_nodes': int, 'num_edges': int,
+               'num_train_nodes': (int, type(None)),
+               'num_remote_edges': int, 'num_halo_nodes': int}],
+}
+_INFO_HETERO = {
+    **_INFO_COMMON,
+    'node_types': [str], 'edge_types': [[str]],
+    'num_nodes_dict': {'*': int}, 'num_edges_dict': {'*': int},
+    'edge_cut': {'count': int, 'fraction': _NUMBER,
+                 'per_type': {'*': {'fraction': _NUMBER}}},
+    'balance_per_type': {'nodes': {'*': _NUMBER}, 'edges': {'*': _NUMBER}},
+    'source': {'node_attrs': {'*': {'*': _ATTR_INFO}},
+               'edge_attrs': {'*': {'*': _ATTR_INFO}}},
+    'parts': [{'num_nodes_dict': {'*': int}, 'num_edges_dict': {'*': int},
+               'num_train_nodes': (dict, type(None)),
+               'num_remote_edges': int, 'num_halo_nodes': {'*': int}}],
+}
+
+
 def _run_info(args: argparse.Namespace) -> int:
     from pyg_sar.partition.layout import MANIFEST_FILE
+    from pyg_sar.partition.reader import (_check_format, _check_schema,
+                                          _parse_json, _read_bytes)
     path = osp.join(args.dir, MANIFEST_FILE)
     if not osp.isfile(path):
         raise FileNotFoundError(f"'{path}' not found; is '{args.dir}' a "
                                 f"partition written by pyg-sar?")
-    with open(path) as f:
-        manifest = json.load(f)
-    if args.json:
+    manifest = _parse_json(_read_bytes(path), path)
+    if args.json:  # as it is, whatever its version
         print(json.dumps(manifest, indent=2))
         return 0
 
-    if manifest.get('is_hetero'):
-        _print_hetero_info(args.dir, manifest)
-        return 0
+    _check_format(manifest, path)
+    hetero = manifest.get('is_hetero') is True
+    _check_schema(manifest, _INFO_HETERO if hetero else _INFO_HOMOGENEOUS,
+                  path)
+    try:  # fields that refer to each other (types, parts) may still clash
+        text = (_hetero_info(args.dir, manifest) if hetero else
+                _homogeneous_info(args.dir, manifest))
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"Partition file '{path}' is inconsistent "
+                         f"({type(e).__name__}: {e})") from None
+    print(text)
+    return 0
+
+
+def _summary(rows: List[List[Any]]) -> str:
+    width = max(len(key) for key, _ in rows)
+    return '\n'.join(f'{key.ljust(width)}  {value}' for key, value in rows)
+
+
+def _homogeneous_info(directory: str, manifest: Dict[str, Any]) -> str:
+    r"""``pyg-sar info`` of a homogeneous partition: a summary and one row
+    per part."""
     cut = manifest['edge_cut']
-    balance = manifest['balance']
     source = manifest['source']
     summary = [
-        ['directory', args.dir],
+        ['directory', directory],
         ['pyg_sar version', manifest['pyg_sar_version']],
         ['method', manifest['method']],
         ['parts', manifest['num_parts']],
         ['nodes', f"{manifest['num_nodes']:,}"],
         ['edges', f"{manifest['num_edges']:,}"],
         ['edge cut', f"{cut['count']:,} ({100 * cut['fraction']:.2f}%)"],
-        *[[f'balance {key}', value] for key, value in balance.items()],
-        ['node attributes', ', '.join(
-            f"{k}{v['shape']}:{v['dtype'].replace('torch.', '')}"
-            for k, v in source['node_attrs'].items()) or '-'],
-        ['edge attributes', ', '.join(
-            f"{k}{v['shape']}:{v['dtype'].replace('torch.', '')}"
-            for k, v in source['edge_attrs'].items()) or '-'],
+        *[[f'balance {key}', value]
+          for key, value in manifest['balance'].items()],
+        ['node attributes', _attr_list(source['node_attrs'])],
+        ['edge attributes', _attr_list(source['edge_attrs'])],
         ['permutation', manifest['perm_file']],
         ['partition time', f"{manifest['time_s'].get('total', 0):.1f}s"],
     ]
-    width = max(len(key) for key, _ in summary)
-    print('\n'.join(f'{key.ljust(width)}  {value}' for key, value in summary))
-    print()
-
     header = ['part', 'nodes', 'edges', 'train', 'remote edges', 'halo nodes']
     rows = []
     for i, part in enumerate(manifest['parts']):
@@ -185,8 +231,7 @@ def _run_info(args: argparse.Namespace) -> int:
             '-' if train is None else f'{train:,}',
             f"{part['num_remote_edges']:,}", f"{part['num_halo_nodes']:,}"
         ])
-    print(_format_table(header, rows))
-    return 0
+    return f'{_summary(summary)}\n\n{_format_table(header, rows)}'
 
 
 def _attr_list(infos: Dict[str, Any]) -> str:
@@ -194,7 +239,7 @@ def _attr_list(infos: Dict[str, Any]) -> str:
                      for k, v in infos.items()) or '-'
 
 
-def _print_hetero_info(directory: str, manifest: Dict[str, Any]) -> None:
+def _hetero_info(directory: str, manifest: Dict[str, Any]) -> str:
     r"""``pyg-sar info`` of a heterogeneous partition: a summary, one row
     per node and edge type, and per part the node and edge counts of every
     type."""
@@ -218,12 +263,6 @@ def _print_hetero_info(directory: str, manifest: Dict[str, Any]) -> None:
           for e, infos in source['edge_attrs'].items()],
         ['partition time', f"{manifest['time_s'].get('total', 0):.1f}s"],
     ]
-    width = max(len(key) for key, _ in summary)
-    print('\n'.join(f'{key.ljust(width)}  {value}' for key, value in summary))
-    print()
-    _print_type_table(manifest)
-    print()
-
     names = ['__'.join(e) for e in manifest['edge_types']]
     header = ['part', *manifest['node_types'], *names, 'train',
               'remote edges', 'halo nodes']
@@ -238,7 +277,8 @@ def _print_hetero_info(directory: str, manifest: Dict[str, Any]) -> None:
             f"{part['num_remote_edges']:,}",
             f"{sum(part['num_halo_nodes'].values()):,}"
         ])
-    print(_format_table(header, rows))
+    return '\n\n'.join([_summary(summary), _type_table(manifest),
+                        _format_table(header, rows)])
 
 
 register_command('partition', 'Partition a dataset into PyG\'s '

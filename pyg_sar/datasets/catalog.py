@@ -3,8 +3,19 @@
 Real graphs are loaded through PyG's own dataset classes, which download their
 raw files on connected machines. Offline, point ``root`` at a folder that holds
 the raw files in PyG's layout (for example a copy of ``../shared/data``).
+
+Nothing found under ``root`` is trusted to be harmless: PyG unpickles its
+processed files with ``torch.load(weights_only=False)`` when the safe load
+fails (and ``pre_transform.pt``/``pre_filter.pt`` always), and Planetoid's raw
+files with :mod:`pickle`, either of which runs any code a crafted file holds.
+:func:`load` first checks every processed file with
+``torch.load(weights_only=True)`` and every Planetoid raw file with an
+unpickler that only builds the NumPy/SciPy objects such a file holds, and
+refuses, in one line naming the file, what does not pass.
 """
+import os
 import os.path as osp
+import pickle
 from typing import Any, Callable, Dict
 
 import torch
@@ -46,6 +57,101 @@ def random_planetoid_split(
     return data
 
 
+# The globals a Planetoid raw file (``ind.<name>.<part>``, pickled SciPy
+# matrices, NumPy arrays and a defaultdict of lists) refers to, under their
+# Python 2 and 3 names; anything else is refused.
+_PLANETOID_GLOBALS = frozenset([
+    ('numpy', 'ndarray'), ('numpy', 'dtype'),
+    ('numpy.core.multiarray', '_reconstruct'),
+    ('numpy._core.multiarray', '_reconstruct'),
+    ('scipy.sparse.csr', 'csr_matrix'), ('scipy.sparse._csr', 'csr_matrix'),
+    ('collections', 'defaultdict'),
+    ('__builtin__', 'list'), ('builtins', 'list'),
+])
+_PLANETOID_RAW = ('x', 'tx', 'allx', 'y', 'ty', 'ally', 'graph')
+
+
+class _PlanetoidUnpickler(pickle.Unpickler):
+    r"""Builds only the objects of :obj:`_PLANETOID_GLOBALS`: unpickling
+    cannot call anything else."""
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _PLANETOID_GLOBALS:
+            raise pickle.UnpicklingError(f"refers to '{module}.{name}'")
+        if module.startswith('scipy.sparse'):
+            module = 'scipy.sparse'  # the public name, without a warning
+        return super().find_class(module, name)
+
+
+def _refuse(path: str, reason: str, fix: str) -> ValueError:
+    return ValueError(f"Dataset file '{path}' {reason}; refusing to load it "
+                      f"(it could run code when unpickled): {fix}")
+
+
+def _first_line(error: BaseException) -> str:
+    for line in str(error).splitlines():
+        if 'Unsupported global' in line:
+            return line.strip()
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _check_processed(dataset_dir: str) -> None:
+    r"""Checks that every :obj:`.pt` file below :obj:`dataset_dir` loads
+    with :obj:`torch.load(weights_only=True)` (PyG's data classes are
+    allowed: PyG registers them as safe globals), memory-mapped, so that
+    the check reads the pickled structure only, not the tensor data. PyG
+    would unpickle a file that fails without that restriction."""
+    for folder, dirs, files in os.walk(dataset_dir):
+        dirs.sort()
+        for name in sorted(files):
+            if not name.endswith('.pt'):
+                continue
+            path = osp.join(folder, name)
+            try:
+                try:
+                    torch.load(path, map_location='cpu', weights_only=True,
+                               mmap=True)
+                except pickle.UnpicklingError:
+                    raise
+                except Exception:  # e.g. a legacy (non-zip) file: no mmap
+                    torch.load(path, map_location='cpu', weights_only=True)
+            except Exception as e:
+                raise _refuse(
+                    path, f"does not load with torch.load(weights_only=True) "
+                    f"({type(e).__name__}: {_first_line(e)})",
+                    f"delete the folder '{folder}' so that PyG processes the "
+                    f"raw files again") from None
+
+
+def _check_planetoid_raw(dataset_dir: str, name: str) -> None:
+    r"""Checks that the raw Planetoid files of :obj:`name` (pickles, which
+    PyG reads with :func:`pickle.load`) hold only NumPy/SciPy objects."""
+    for part in _PLANETOID_RAW:
+        path = osp.join(dataset_dir, 'raw', f'ind.{name.lower()}.{part}')
+        if not osp.isfile(path):
+            continue
+        try:
+            with open(path, 'rb') as f:
+                _PlanetoidUnpickler(f, encoding='latin1').load()
+        except Exception as e:
+            raise _refuse(
+                path, f"is not a Planetoid file of NumPy/SciPy objects "
+                f"({type(e).__name__}: {_first_line(e)})",
+                "replace it with the original file (or delete it to "
+                "download it again)") from None
+
+
+def _check_dataset_files(name: str, dataset_dir: str) -> None:
+    r"""Refuses the dataset folder :obj:`dataset_dir` of :obj:`name` if a
+    file PyG would unpickle from it could run code."""
+    if not osp.isdir(dataset_dir):
+        return  # PyG creates it: downloaded and processed now
+    if name in PLANETOID_NAMES:
+        _check_planetoid_raw(dataset_dir, name)
+    _check_processed(dataset_dir)
+
+
 def _load_ogb(name: str, root: str) -> Data:
     try:
         from ogb.nodeproppred import PygNodePropPredDataset
@@ -53,6 +159,7 @@ def _load_ogb(name: str, root: str) -> Data:
         raise ImportError(
             f"Dataset '{name}' needs the 'ogb' package, which is not "
             f"installed; install it with 'pip install ogb'") from e
+    _check_dataset_files(name, osp.join(root, name.replace('-', '_')))
     dataset = PygNodePropPredDataset(name, root=root)
     data = dataset[0]
     split = dataset.get_idx_split()
@@ -102,8 +209,9 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
             (:obj:`"CS"`, :obj:`"Physics"`) or :obj:`"ogbn-*"` (needs the
             :obj:`ogb` package).
         root (str, optional): Dataset root. PyG writes a :obj:`processed/`
-            folder below it and downloads the raw files when absent.
-            (default: :obj:`"data"`)
+            folder below it and downloads the raw files when absent. Files
+            already there that could run code when PyG unpickles them are
+            refused (see the module docs). (default: :obj:`"data"`)
         seed (int, optional): Seed of the synthetic graph and of the random
             Amazon/Coauthor split. (default: :obj:`0`)
         **kwargs: Overrides of :func:`synthetic_graph`'s arguments for
@@ -143,6 +251,8 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
     if name not in loaders:
         raise ValueError(f"Unknown dataset '{name}'; expected one of "
                          f"{available()}")
+    # Every class keeps its raw/ and processed/ folders in root/name.
+    _check_dataset_files(name, osp.join(root, name))
     try:
         dataset = loaders[name]()
     except OSError as e:  # URLError, DNS and connection failures included

@@ -6,9 +6,12 @@ starts. :func:`partition_graph` checks the input graph
 balanced), relabels nodes and edges so that each part owns a contiguous id
 range, and writes PyG's ``torch_geometric.distributed`` on-disk layout
 (:mod:`~pyg_sar.partition.layout`) atomically
-(:mod:`~pyg_sar.partition.out_dir`). :func:`load_partition` reads one part
-back on a worker as a :class:`Partition` or :class:`HeteroPartition`,
-checking every file against the manifest. Nothing here communicates.
+(:mod:`~pyg_sar.partition.out_dir`), with the content hash of every file
+in the manifest (:mod:`~pyg_sar.partition.digest`). :func:`load_partition`
+reads one part back on a worker as a :class:`Partition` or
+:class:`HeteroPartition`, checking every file it reads against the
+manifest (:mod:`~pyg_sar.partition.reader`), its bytes included. Nothing
+here communicates.
 """
 from pyg_sar.partition.api import partition_graph
 from pyg_sar.partition.hetero_load import EdgePart, HeteroPartition, NodePart

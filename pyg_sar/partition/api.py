@@ -26,9 +26,9 @@ def partition_graph(
     :obj:`out_dir` in PyG's distributed on-disk format.
 
     A :class:`~torch_geometric.data.HeteroData` is partitioned by
-    :func:`pyg_sar.partition.heterogeneous.partition_hetero_graph` (every node type
-    balanced, per-type ids, PyG's heterogeneous layout); the rest of this
-    description is about a homogeneous :class:`Data`.
+    :func:`pyg_sar.partition.heterogeneous.partition_hetero_graph` (every
+    node type balanced, per-type ids, PyG's heterogeneous layout); the rest
+    of this description is about a homogeneous :class:`Data`.
 
     Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
     :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
@@ -37,8 +37,20 @@ def partition_graph(
     input ids. Every node attribute (first dimension :obj:`num_nodes`) and
     edge attribute (first dimension :obj:`num_edges`) is kept.
 
+    Refused with a one-line error naming the attribute: a tensor with one
+    row per edge named like a node attribute (:obj:`x`, :obj:`y`,
+    :obj:`pos`, :obj:`*_mask`), negative integer labels :obj:`y` on a node
+    of a mask (:obj:`train_mask`, :obj:`val_mask`, ...), NaN or inf (see
+    :obj:`allow_non_finite`). A graph without :obj:`x` is partitioned
+    (structure-only partitions are fine).
+
     The output is written to a temporary folder next to :obj:`out_dir` and
-    renamed when complete, so a failed run leaves nothing behind.
+    renamed when complete, so a failed run leaves nothing behind. The
+    manifest records the size and SHA-256 of every file written
+    (:obj:`files`; about 0.3 s per GB on two cores), which
+    :func:`load_partition` checks for every file it reads. Of two runs into
+    the same :obj:`out_dir` without :obj:`overwrite`, the second to finish
+    fails instead of replacing the first's output.
 
     Args:
         data (torch_geometric.data.Data or HeteroData): The graph.

@@ -5,12 +5,67 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.layout import METHODS
+from pyg_sar.partition.layout import FORMAT_NAME, FORMAT_VERSION, METHODS
 from pyg_sar.utils.version import __version__
+
+# Attributes that PyG and this package read per node: a tensor of one of
+# these names is a node attribute or an error, never an edge attribute.
+NODE_ATTR_NAMES = ('x', 'y', 'pos')
 
 
 def _version() -> str:
     return __version__
+
+
+def _manifest_header() -> Dict[str, Any]:
+    r"""The first fields of every manifest: what wrote it, in which format
+    (checked by the reader)."""
+    return {'format': FORMAT_NAME, 'format_version': FORMAT_VERSION,
+            'pyg_sar_version': _version()}
+
+
+def _is_node_attr_name(key: str) -> bool:
+    r"""Whether :obj:`key` names a per-node attribute: :obj:`x`, :obj:`y`,
+    :obj:`pos`, or a mask :obj:`*_mask` (except edge masks, whose name
+    holds :obj:`edge`)."""
+    return key in NODE_ATTR_NAMES or (key.endswith('_mask')
+                                      and 'edge' not in key)
+
+
+def _is_node_mask(key: str, value: Tensor) -> bool:
+    return _is_node_attr_name(key) and key.endswith('_mask') \
+        and value.dtype == torch.bool and value.dim() == 1
+
+
+def _check_labels(node_attrs: Dict[str, Tensor], prefix: str = '') -> None:
+    r"""Raises a :class:`ValueError` when the integer class labels
+    :obj:`y` (one per node, or :obj:`[num_nodes, 1]`) are negative on a node
+    of a mask (a boolean node attribute :obj:`*_mask`, such as
+    :obj:`train_mask`): that node would be trained on or scored with a label
+    that is no class. Labels outside every mask (e.g. :obj:`-1` for
+    unlabeled nodes) are fine. :obj:`prefix` (e.g. :obj:`'paper.'`) names
+    the node type in the error."""
+    y = node_attrs.get('y')
+    if not isinstance(y, Tensor) or y.is_floating_point() or y.is_complex() \
+            or y.dtype == torch.bool or y.numel() == 0 \
+            or not (y.dim() == 1 or (y.dim() == 2 and y.size(1) == 1)):
+        return  # no class ids: multi-label or regression targets
+    negative = y.view(-1) < 0
+    if not bool(negative.any()):
+        return
+    for key, mask in node_attrs.items():
+        if not _is_node_mask(key, mask):
+            continue
+        bad = negative & mask
+        count = int(bad.sum())
+        if count:
+            first = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"Node attribute '{prefix}y' holds the negative label "
+                f"{int(y.view(-1)[first])} on {count:,} nodes of "
+                f"'{prefix}{key}' (first: input node {first}); expected a "
+                f"class id >= 0 on every node of a mask: fix those labels or "
+                f"remove the nodes from the mask")
 
 
 def _check_edge_index(edge_index: Any, name: str) -> Tensor:

@@ -9,8 +9,10 @@ import torch
 from torch import Tensor
 
 from pyg_sar.partition.layout import MANIFEST_FILE, META_FILE, _edge_type_str
-from pyg_sar.partition.reader import (_check_rank, _csc_edge_index, _expect,
-                                      _expect_vector, _load, _set_fields)
+from pyg_sar.partition.reader import (PartFiles, _check_rank,
+                                      _csc_edge_index, _expect,
+                                      _expect_permutation, _expect_vector,
+                                      _set_fields)
 
 EdgeType = Tuple[str, str, str]
 
@@ -209,11 +211,12 @@ def _typed_feats(path: str, feats: Dict[Any, Any], key: Any, ids: Tensor,
 
 
 def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
-                          manifest: Dict[str, Any],
-                          fingerprint: str) -> HeteroPartition:
+                          manifest: Dict[str, Any], fingerprint: str,
+                          files: PartFiles) -> HeteroPartition:
     r"""Loads part :obj:`rank` of the heterogeneous partition in
     :obj:`root`; called by :func:`pyg_sar.load_partition` with the parsed
-    :obj:`META.json` and manifest.
+    :obj:`META.json` and manifest, which checks the content hashes of the
+    files read (:meth:`PartFiles.verify`) before returning the part.
 
     Args:
         root (str): The partition directory.
@@ -221,6 +224,7 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
         meta (dict): The parsed :obj:`META.json`.
         manifest (dict): The parsed :obj:`pyg_sar.json`.
         fingerprint (str): The digest of both files.
+        files (PartFiles): Reads the files of :obj:`root`.
     """
     meta_path = osp.join(root, META_FILE)
     manifest_path = osp.join(root, MANIFEST_FILE)
@@ -271,14 +275,14 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
     part_dir = _check_rank(root, rank, num_parts)
 
     nodes: Dict[str, NodePart] = {}
-    node_path = osp.join(part_dir, 'node_feats.pt')
-    node_feats = _load(node_path)
+    node_path = files.path(f'{part_dir}/node_feats.pt')
+    node_feats = files.load(f'{part_dir}/node_feats.pt')
     _expect(isinstance(node_feats, dict), node_path, 'expected a dictionary')
     for t in node_types:
         start, end = int(node_ptr[t][rank]), int(node_ptr[t][rank + 1])
-        perm_path = osp.join(root, perm_files[t])
-        perm = _load(perm_path)
-        _expect_vector(perm, num_nodes[t], perm_path, 'perm')
+        perm = files.load(perm_files[t], f'perm_files.{t}')
+        _expect_permutation(perm, num_nodes[t], files.path(perm_files[t]),
+                            'perm')
         attrs = _typed_feats(node_path, node_feats, t,
                              torch.arange(start, end), node_names[t],
                              node_infos[t])
@@ -288,11 +292,11 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
     del node_feats
 
     edges: Dict[EdgeType, EdgePart] = {}
-    graph_path = osp.join(part_dir, 'graph.pt')
-    edge_path = osp.join(part_dir, 'edge_feats.pt')
-    graph = _load(graph_path)
+    graph_path = files.path(f'{part_dir}/graph.pt')
+    edge_path = files.path(f'{part_dir}/edge_feats.pt')
+    graph = files.load(f'{part_dir}/graph.pt')
     _expect(isinstance(graph, dict), graph_path, 'expected a dictionary')
-    edge_feats = _load(edge_path)
+    edge_feats = files.load(f'{part_dir}/edge_feats.pt')
     _expect(isinstance(edge_feats, dict), edge_path, 'expected a dictionary')
     for e in edge_types:
         src, _, dst = e
@@ -324,9 +328,10 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
         torch.cumsum(torch.bincount(col - dst_start,
                                     minlength=dst_end - dst_start), dim=0,
                      out=csc_ptr[1:])
-        perm_path = osp.join(root, edge_perm_files[e])
-        perm = _load(perm_path)
-        _expect_vector(perm, num_edges[e], perm_path, 'edge_perm')
+        name = _edge_type_str(e)
+        perm = files.load(edge_perm_files[e], f'edge_perm_files.{name}')
+        _expect_permutation(perm, num_edges[e],
+                            files.path(edge_perm_files[e]), 'edge_perm')
         attrs = _typed_feats(edge_path, edge_feats, e,
                              torch.arange(start, end), edge_names[e],
                              edge_infos[e])

@@ -22,19 +22,21 @@ from tqdm.auto import tqdm
 
 from torch_geometric.data import HeteroData
 
-from pyg_sar.partition.assign import (_balance_node_type, _balance_training_nodes,
-                            _fill_empty_parts, _metis_parts, _random_parts,
-                            _symmetric_csr)
+from pyg_sar.partition.assign import (_balance_node_type,
+                                      _balance_training_nodes,
+                                      _fill_empty_parts, _metis_parts,
+                                      _random_parts, _symmetric_csr)
 from pyg_sar.partition.finite import check_finite
 from pyg_sar.partition.hetero_input import EdgeType, HeteroInput, split_hetero
-from pyg_sar.partition.layout import (EDGE_MAP_DIR, EDGE_PERM_DIR, FORMAT_VERSION,
-                            META_FILE,
-                            NODE_MAP_DIR, PERM_DIR, _edge_type_str,
-                            _part_dir)
-from pyg_sar.partition.out_dir import _check_out_dir, _write_atomically, _write_json
-from pyg_sar.partition.common import (_check_method, _check_num_parts,
-                                      _count_per_part, _ratio, _save,
-                                      _tensor_info, _version)
+from pyg_sar.partition.layout import (EDGE_MAP_DIR, EDGE_PERM_DIR, META_FILE,
+                                      NODE_MAP_DIR, PERM_DIR, _edge_type_str,
+                                      _part_dir)
+from pyg_sar.partition.out_dir import (_check_out_dir, _write_atomically,
+                                       _write_json)
+from pyg_sar.partition.common import (_check_labels, _check_method,
+                                      _check_num_parts, _count_per_part,
+                                      _manifest_header, _ratio, _save,
+                                      _tensor_info)
 
 
 def _train_masks(graph: HeteroInput) -> Dict[str, Tensor]:
@@ -99,6 +101,8 @@ def partition_hetero_graph(
     out_dir = osp.abspath(os.fspath(out_dir))
     graph = split_hetero(data)
     _check_num_parts(num_parts, graph.total_nodes)
+    for node_type, attrs in graph.node_attrs.items():
+        _check_labels(attrs, prefix=f'{node_type}.')
     check_time = None
     if not allow_non_finite:
         check_start = time.perf_counter()
@@ -116,7 +120,7 @@ def partition_hetero_graph(
                              balance_train, seed, bar)
 
     return _write_atomically(out_dir, write, 3 + num_parts, progress,
-                             start_time, check_time)
+                             start_time, check_time, overwrite)
 
 
 def _node_offsets(graph: HeteroInput) -> Dict[str, int]:
@@ -394,9 +398,7 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
         ])
         balance['train_max_over_mean'] = round(_ratio(train_counts), 4)
     return {
-        'format': 'pyg_sar.partition',
-        'format_version': FORMAT_VERSION,
-        'pyg_sar_version': _version(),
+        **_manifest_header(),
         'is_hetero': True,
         'num_parts': num_parts,
         'method': method,

@@ -22,15 +22,17 @@ from tqdm.auto import tqdm
 
 from torch_geometric.data import Data
 
-from pyg_sar.partition.assign import (_balance_training_nodes, _fill_empty_parts,
-                            _metis_parts, _random_parts, _symmetric_csr)
+from pyg_sar.partition.assign import (_balance_training_nodes,
+                                      _fill_empty_parts, _metis_parts,
+                                      _random_parts, _symmetric_csr)
 from pyg_sar.partition.finite import check_finite
-from pyg_sar.partition.layout import (EDGE_MAP_FILE, FORMAT_VERSION, META_FILE,
-                            NODE_MAP_FILE, PERM_FILE, _part_dir)
-from pyg_sar.partition.common import (_check_edge_index, _check_method,
-                                      _check_num_parts, _count_per_part,
-                                      _num_classes, _ratio, _save,
-                                      _tensor_info, _version)
+from pyg_sar.partition.layout import (EDGE_MAP_FILE, META_FILE,
+                                      NODE_MAP_FILE, PERM_FILE, _part_dir)
+from pyg_sar.partition.common import (_check_edge_index, _check_labels,
+                                      _check_method, _check_num_parts,
+                                      _count_per_part, _is_node_attr_name,
+                                      _manifest_header, _num_classes, _ratio,
+                                      _save, _tensor_info)
 from pyg_sar.partition.out_dir import (_check_out_dir, _write_atomically,
                                        _write_json)
 
@@ -40,7 +42,10 @@ def _split_attributes(
     data: Data,
 ) -> Tuple[int, Tensor, Dict[str, Tensor], Dict[str, Tensor], Dict[str, Any]]:
     r"""Validates :obj:`data` and sorts its attributes into node-level,
-    edge-level and graph-level ones."""
+    edge-level and graph-level ones. A tensor with one row per edge is an
+    edge attribute unless its name is a node attribute's (:obj:`x`,
+    :obj:`y`, :obj:`pos`, :obj:`*_mask`): that is an error, not a silent
+    edge attribute that fails when training indexes nodes with it."""
     if not isinstance(data, Data):
         raise TypeError(f"Expected a 'torch_geometric.data.Data' object "
                         f"(got '{type(data).__name__}')")
@@ -72,6 +77,11 @@ def _split_attributes(
             elif value.size(0) == num_nodes and not (
                     value.size(0) == num_edges and 'edge' in key):
                 node_attrs[key] = value
+            elif value.size(0) == num_edges and _is_node_attr_name(key):
+                raise ValueError(
+                    f"Node attribute '{key}' has {value.size(0)} rows, "
+                    f"one per edge (num_edges={num_edges}); expected one "
+                    f"per node (num_nodes={num_nodes})")
             elif value.size(0) == num_edges:
                 edge_attrs[key] = value
             elif value.numel() == 1:
@@ -111,6 +121,7 @@ def write_homogeneous(
     num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
         _split_attributes(data)
     _check_num_parts(num_parts, num_nodes)
+    _check_labels(node_attrs)
     check_time = None
     if not allow_non_finite:
         check_start = time.perf_counter()
@@ -129,7 +140,7 @@ def write_homogeneous(
                                 balance_train, seed, train_mask, bar)
 
     return _write_atomically(out_dir, write, 4 + num_parts, progress,
-                             start_time, check_time)
+                             start_time, check_time, overwrite)
 
 
 
@@ -297,9 +308,7 @@ def _write_partition(
             _ratio(torch.tensor(train_counts)), 4)
 
     return {
-        'format': 'pyg_sar.partition',
-        'format_version': FORMAT_VERSION,
-        'pyg_sar_version': _version(),
+        **_manifest_header(),
         'num_parts': num_parts,
         'method': method,
         'balance_train': bool(balance_train and train_mask is not None),

@@ -8,7 +8,10 @@ META_FILE = 'META.json'
 PERM_FILE = 'perm.pt'
 NODE_MAP_FILE = 'node_map.pt'
 EDGE_MAP_FILE = 'edge_map.pt'
-FORMAT_VERSION = 1
+# The manifest's 'format' and 'format_version': version 2 added the content
+# hash of every file ('files'); a partition of another version is refused.
+FORMAT_NAME = 'pyg_sar.partition'
+FORMAT_VERSION = 2
 METHODS = ('metis', 'random')
 
 

@@ -1,6 +1,6 @@
 """Reading one part of a partition directory back: :func:`load_partition`
 returns a :class:`Partition` (files read with ``torch.load(weights_only=True)``
-and checked against the manifest)."""
+and checked against the manifest, their content hashes included)."""
 import hashlib
 import os
 import os.path as osp
@@ -11,10 +11,10 @@ from torch import Tensor
 
 from pyg_sar.partition.hetero_load import load_hetero_partition
 from pyg_sar.partition.layout import MANIFEST_FILE, META_FILE, NODE_MAP_FILE
-from pyg_sar.partition.reader import (_check_rank, _csc_edge_index, _expect,
-                                      _expect_vector, _load, _load_dict,
-                                      _load_feats, _parse_json, _read_bytes,
-                                      _set_fields)
+from pyg_sar.partition.reader import (PartFiles, _check_format,
+                                      _check_rank, _csc_edge_index, _expect,
+                                      _expect_permutation, _expect_vector,
+                                      _parse_json, _read_bytes, _set_fields)
 
 
 class Partition:
@@ -111,9 +111,14 @@ def load_partition(root: str, rank: int) -> Partition:
     :class:`~pyg_sar.partition.hetero_load.HeteroPartition` when the
     partition is heterogeneous (:obj:`META.json` says :obj:`is_hetero`).
 
-    Files are read with :obj:`torch.load(weights_only=True)` and checked
-    against :obj:`META.json` and :obj:`pyg_sar.json`; a missing, corrupt or
-    inconsistent file raises an error that names it.
+    Only the files of this part and the shared files it needs are read
+    (:obj:`META.json`, :obj:`pyg_sar.json`, the node map and the node
+    permutation(s)), each with :obj:`torch.load(weights_only=True)`, from
+    inside :obj:`root` only, and checked against :obj:`META.json` and
+    :obj:`pyg_sar.json`: its contents, and its bytes against the content
+    hash the partitioner recorded. A missing, corrupt, modified or
+    inconsistent file raises a one-line error that names it; a partition
+    of an older format asks to re-partition.
     """
     root = os.fspath(root)
     if not osp.isdir(root):
@@ -125,12 +130,30 @@ def load_partition(root: str, rank: int) -> Partition:
     manifest_bytes = _read_bytes(manifest_path)
     meta = _parse_json(meta_bytes, meta_path)
     manifest = _parse_json(manifest_bytes, manifest_path)
+    _check_format(manifest, manifest_path)
+    # The content hashes are part of the manifest, so ranks that agree on
+    # the fingerprint agree on every file they read.
     fingerprint = hashlib.sha256(meta_bytes + b'\0' +
                                  manifest_bytes).hexdigest()
+    files = PartFiles(root, manifest)
+    files.check_bytes(META_FILE, meta_bytes)
 
     if meta.get('is_hetero') is True:
-        return load_hetero_partition(root, rank, meta, manifest, fingerprint)
+        part = load_hetero_partition(root, rank, meta, manifest,
+                                     fingerprint, files)
+    else:
+        part = _load_homogeneous(root, rank, meta, manifest, fingerprint,
+                                 files)
+    files.verify()
+    return part
 
+
+def _load_homogeneous(root: str, rank: int, meta: Dict[str, Any],
+                      manifest: Dict[str, Any], fingerprint: str,
+                      files: PartFiles) -> Partition:
+    r""":func:`load_partition` of a homogeneous partition."""
+    meta_path = osp.join(root, META_FILE)
+    manifest_path = osp.join(root, MANIFEST_FILE)
     try:
         num_parts = int(manifest['num_parts'])
         num_nodes = int(manifest['num_nodes'])
@@ -165,18 +188,18 @@ def load_partition(root: str, rank: int) -> Partition:
     num_local_nodes = node_end - node_start
     num_local_edges = edge_end - edge_start
 
-    node_map_path = osp.join(root, NODE_MAP_FILE)
-    node_map = _load(node_map_path)
-    _expect_vector(node_map, num_nodes, node_map_path, 'node_map')
+    node_map = files.load(NODE_MAP_FILE)
+    _expect_vector(node_map, num_nodes, files.path(NODE_MAP_FILE),
+                   'node_map')
 
-    perm_path = osp.join(root, perm_file)
-    perm = _load(perm_path)
-    _expect_vector(perm, num_nodes, perm_path, 'perm')
+    perm = files.load(perm_file, 'perm_file')
+    _expect_permutation(perm, num_nodes, files.path(perm_file), 'perm')
     orig_ids = perm[node_start:node_end].clone()
     del perm
 
-    graph_path = osp.join(part_dir, 'graph.pt')
-    graph = _load_dict(graph_path, ('edge_id', 'row', 'col', 'size'))
+    graph_name = f'{part_dir}/graph.pt'
+    graph_path = files.path(graph_name)
+    graph = files.load_dict(graph_name, ('edge_id', 'row', 'col', 'size'))
     for key in ('edge_id', 'row', 'col'):
         _expect_vector(graph[key], num_local_edges, graph_path, key)
     csc_src, col, csc_eid = graph['row'], graph['col'], graph['edge_id']
@@ -194,10 +217,10 @@ def load_partition(root: str, rank: int) -> Partition:
     torch.cumsum(torch.bincount(col - node_start, minlength=num_local_nodes),
                  dim=0, out=csc_ptr[1:])
 
-    node_attrs = _load_feats(part_dir, 'node', num_local_nodes,
-                             node_attr_names)
-    edge_attrs = _load_feats(part_dir, 'edge', num_local_edges,
-                             edge_attr_names)
+    node_attrs = files.load_feats(part_dir, 'node', num_local_nodes,
+                                  node_attr_names)
+    edge_attrs = files.load_feats(part_dir, 'edge', num_local_edges,
+                                  edge_attr_names)
 
     return Partition(
         root=root,
