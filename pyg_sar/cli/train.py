@@ -2,11 +2,13 @@
 on a partition (run under ``torchrun``, one worker per part)."""
 import argparse
 import json
+import os
 
 from pyg_sar.cli.registry import register_command
 
 # The models of :func:`pyg_sar.train.train` (kept here so that building the
-# parser imports no torch).
+# parser imports no torch; tests/test_trust_checkpoint.py checks that the two
+# are equal).
 MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
 
 
@@ -37,10 +39,15 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-progress', action='store_true')
     parser.add_argument('--checkpoint-dir', default=None,
                         help='save checkpoints here and resume from the '
-                        'newest complete one')
+                        'newest intact one (each is verified against the '
+                        'hashes it records; a corrupt one is reported and '
+                        'set aside as epoch-K.corrupt)')
     parser.add_argument('--checkpoint-every', type=int, default=None,
                         metavar='K', help='epochs between checkpoints '
                         '(default 1; the last epoch is always saved)')
+    parser.add_argument('--keep-last', type=int, default=None, metavar='K',
+                        help='keep only the K newest checkpoints (older ones '
+                        'are deleted once a new one is complete)')
     parser.add_argument('--log-dir', default=None, metavar='DIR',
                         help='write per-epoch metrics.csv (loss, accuracies, '
                         'time, bytes and peak RSS per rank) and curves.png')
@@ -55,13 +62,17 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from pyg_sar import comm
     from pyg_sar.train import train
+    from pyg_sar.train.files import check_output_file, write_text_atomically
 
-    if args.checkpoint_every is not None and args.checkpoint_dir is None:
-        raise ValueError(f"--checkpoint-every {args.checkpoint_every} needs "
-                         f"--checkpoint-dir")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every must be >= 1 (got "
-                         f"{args.checkpoint_every})")
+    for option in ('checkpoint_every', 'keep_last'):
+        value, flag = getattr(args, option), '--' + option.replace('_', '-')
+        if value is not None and args.checkpoint_dir is None:
+            raise ValueError(f"{flag} {value} needs --checkpoint-dir")
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1 (got {value})")
+    # Rank 0 writes the history: find out now, not after the last epoch.
+    if args.history and os.environ.get('RANK', '0') == '0':
+        check_output_file(args.history, '--history')
     history = train(args.parts, args.model, args.layers, args.hidden,
                     args.heads, args.epochs, args.lr, args.dropout, args.mode,
                     args.chunk_size, args.pipeline_depth, args.seed,
@@ -71,10 +82,10 @@ def _run(args: argparse.Namespace) -> int:
                                       else args.checkpoint_every),
                     save_model=args.save_model,
                     allow_non_finite_loss=args.allow_non_finite_loss,
-                    log_dir=args.log_dir, device=args.device)
+                    log_dir=args.log_dir, device=args.device,
+                    keep_last=args.keep_last)
     if args.history and comm.get_rank() == 0:
-        with open(args.history, 'w') as f:
-            json.dump(history, f, indent=1)
+        write_text_atomically(args.history, json.dumps(history, indent=1))
     if history and comm.get_rank() == 0:
         final = history[-1]
         print('final: ' + '  '.join(

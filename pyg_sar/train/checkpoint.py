@@ -1,4 +1,5 @@
-"""Training checkpoints: save on every rank, resume exactly where it stopped.
+"""Training checkpoints: save on every rank, resume exactly where it stopped,
+or from the newest checkpoint that is intact.
 
 A checkpoint is a directory ``DIR/epoch-<K>``::
 
@@ -7,8 +8,11 @@ A checkpoint is a directory ``DIR/epoch-<K>``::
       rank-0.pt, rank-1.pt, ...      per rank: RNG states, the non-tensor
                                      part of the optimizer state (param
                                      groups), LR scheduler
-      meta.json                      epoch, world size, partition
-                                     fingerprint, ``extra`` (rank 0, last)
+      meta.json                      the manifest: epoch, world size,
+                                     partition fingerprint, ``extra``, the
+                                     size and SHA-256 of every other file,
+                                     and a checksum of itself (rank 0,
+                                     last)
 
 **Storage.** Parameters of a full-batch model are replicated: every rank
 holds the same weights and, after :func:`pyg_sar.all_reduce_grads`, the same
@@ -26,12 +30,24 @@ dropout masks for its own nodes), are a plain per-rank ``torch.save`` read
 back with ``weights_only=True``. The checkpoint directory must be visible to
 every rank (one machine, or a shared file system), as DCP requires.
 
-**Atomicity.** Ranks write into ``DIR/.epoch-<K>.tmp``; once every rank has
-finished, rank 0 writes ``meta.json`` and renames the directory to
-``DIR/epoch-<K>`` (``os.rename`` is atomic). A crash at any point leaves
-either the new checkpoint complete or only a temporary directory, which
-:func:`latest` ignores and the next save of that epoch removes; earlier
-checkpoints are never touched.
+**Atomicity.** Ranks write into ``DIR/.epoch-<K>.tmp``; once every rank
+has finished, rank 0 hashes the files, writes ``meta.json`` (atomically)
+and renames the directory to ``DIR/epoch-<K>``
+(``os.rename`` is atomic). A crash at any point leaves either the new
+checkpoint complete or only a temporary directory, which :func:`latest`
+ignores and the next save of that epoch removes. With ``keep_last`` the
+older checkpoints beyond the newest ``keep_last`` are deleted once the new
+one is complete.
+
+**Trust.** Nothing read back is trusted. Before anything is loaded, every
+rank checks ``meta.json`` against its checksum and every file it will read
+against the size and hash ``meta.json`` records; DCP's ``.metadata`` is
+unpickled with an allowlist of the format's own classes
+(:mod:`pyg_sar.comm.checkpoint_io`) and the per-rank files with
+``weights_only=True``. A checkpoint that fails is a
+:class:`CorruptCheckpointError`; :func:`resume` then sets it aside as
+``epoch-<K>.corrupt``, says so in one line, and resumes from the newest
+checkpoint that passes, all ranks agreeing on which.
 
 **RNG.** Python's ``random``, NumPy's legacy global generator, torch's CPU
 generator and every CUDA device generator (when CUDA is available) are saved
@@ -49,6 +65,7 @@ import os.path as osp
 import random
 import re
 import shutil
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -56,14 +73,39 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
+from pyg_sar.train.files import (HASH_ALGORITHM, bytes_digest, file_digest,
+                                 fsync_dir, hash_tree, write_atomically,
+                                 write_text_atomically)
 
 __all__ = ['save', 'load', 'resume', 'latest', 'checkpoints', 'rng_state',
-           'set_rng_state', 'save_weights', 'FORMAT_VERSION']
+           'set_rng_state', 'save_weights', 'CorruptCheckpointError',
+           'FORMAT_VERSION']
 
-FORMAT_VERSION = 1
+# 2: meta.json records the hash of every file and a checksum of itself.
+FORMAT_VERSION = 2
 META_FILE = 'meta.json'
+CORRUPT_SUFFIX = '.corrupt'
 _NAME = re.compile(r'^epoch-(\d+)$')
+_TRASH = re.compile(r'^\.epoch-\d+\.old$')
 _MODEL, _OPTIM = 'model.', 'optimizer.state.'
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint that is damaged or cannot be read safely: a file is
+    missing, truncated or differs from the hash its manifest records, or a
+    file is not what the format allows. :func:`load` raises it;
+    :func:`resume` skips such a checkpoint."""
+
+
+def _corrupt(path: str, reason: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"checkpoint '{path}' is corrupt "
+                                  f"({reason})")
+
+
+def _warn(message: str) -> None:
+    """One line on stderr (one write, so that ranks do not interleave)."""
+    sys.stderr.write(f'warning: {message}\n')
+    sys.stderr.flush()
 
 
 # Finding checkpoints #########################################################
@@ -80,7 +122,8 @@ def _tmp_path(directory: str, epoch: int) -> str:
 def checkpoints(directory: str) -> List[Tuple[int, str]]:
     """The complete checkpoints in ``directory`` as ``(epoch, path)``,
     oldest first. Temporary directories of interrupted saves are not
-    listed."""
+    listed, nor checkpoints set aside as corrupt. (Complete means
+    committed; whether the files are intact is checked when loading.)"""
     directory = os.fspath(directory)
     if not osp.isdir(directory):
         return []
@@ -144,20 +187,31 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 _ERRORS = {c.__name__: c for c in (ValueError, TypeError, FileExistsError,
                                    FileNotFoundError, PermissionError,
-                                   OSError)}
+                                   OSError, CorruptCheckpointError)}
 
 
 def _agree(error: Optional[BaseException], payload: Any = None) -> List:
-    """Collective: gathers every rank's error and payload; raises the first
-    rank's error on every rank, so that no rank waits for a failed one."""
+    """Collective: gathers every rank's error and payload; raises one
+    rank's error on every rank, so that no rank waits for a failed one: a
+    :class:`CorruptCheckpointError` if any rank found the checkpoint
+    corrupt (so that all ranks skip it alike), else the first rank's."""
     gathered = comm.all_gather_object(
         (None if error is None else (type(error).__name__, str(error)),
          payload))
-    for failed, _ in gathered:
-        if failed is not None:
-            kind = _ERRORS.get(failed[0], RuntimeError)
-            raise kind(failed[1]) from error
+    failures = [failed for failed, _ in gathered if failed is not None]
+    if failures:
+        name, message = next(
+            (f for f in failures if f[0] == CorruptCheckpointError.__name__),
+            failures[0])
+        raise _ERRORS.get(name, RuntimeError)(message) from error
     return [p for _, p in gathered]
+
+
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} (got "
+                         f"{value!r})")
 
 
 def _digest(tensor: Tensor) -> str:
@@ -182,24 +236,42 @@ def _split_optimizer(optimizer) -> Tuple[Dict[str, Tensor], Dict[str, Any]]:
                      'state_other': other}
 
 
-def _fsync_write(path: str, write) -> None:
-    with open(path, 'wb') as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+def _checksum(meta: Dict[str, Any]) -> str:
+    """The hash of ``meta`` (without its checksum) in a canonical JSON."""
+    return bytes_digest(json.dumps(meta, sort_keys=True,
+                                   allow_nan=True).encode())
 
 
-def _fsync_dir(path: str) -> None:
+def _seal(meta: Dict[str, Any]) -> str:
+    """``meta`` as the JSON text of ``meta.json``, with its checksum. The
+    checksum is taken of what reading the text gives back (JSON turns keys
+    into strings and tuples into lists)."""
+    meta = json.loads(json.dumps(meta, allow_nan=True))
+    meta['checksum'] = _checksum(meta)
+    return json.dumps(meta, indent=1, allow_nan=True)
+
+
+def _prune(directory: str, keep_last: int, keep: str) -> None:
+    """Deletes the complete checkpoints of ``directory`` older than the
+    ``keep_last`` newest, never ``keep`` (rank 0, after a commit). Each is
+    renamed to a hidden ``.epoch-<K>.old`` first, so that a crash halfway
+    through never leaves a half-deleted checkpoint that looks complete
+    (leftovers are removed by the next prune). A failure is reported, not
+    raised: the new checkpoint is complete."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        doomed = [path for _, path in checkpoints(directory)[:-keep_last]
+                  if path != keep]
+        for path in doomed:
+            trash = osp.join(directory, f'.{osp.basename(path)}.old')
+            if osp.lexists(trash):
+                shutil.rmtree(trash)
+            os.rename(path, trash)
+        for name in os.listdir(directory):
+            if _TRASH.match(name):
+                shutil.rmtree(osp.join(directory, name))
+    except OSError as e:
+        _warn(f"could not delete the checkpoints of '{directory}' older "
+              f"than the newest {keep_last} (keep_last): {e}")
 
 
 # Save ########################################################################
@@ -207,7 +279,8 @@ def _fsync_dir(path: str) -> None:
 def save(directory: str, epoch: int, model: torch.nn.Module,
          optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None,
          *, fingerprint: Optional[str] = None,
-         extra: Optional[Dict[str, Any]] = None) -> str:
+         extra: Optional[Dict[str, Any]] = None,
+         keep_last: Optional[int] = None) -> str:
     """Writes the checkpoint of ``epoch`` to ``directory/epoch-<epoch>``
     (collective: every rank calls it) and returns its path.
 
@@ -215,9 +288,11 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     ``scheduler`` is an optional LR scheduler; ``fingerprint`` is the
     partition set's ``part.fingerprint``, checked by :func:`load`;
     ``extra`` is JSON-serializable data returned by :func:`load` (e.g. the
-    loss history). Every rank returns once the checkpoint is complete; an
-    error on any rank raises on every rank and leaves no complete
-    checkpoint of ``epoch``.
+    loss history). ``keep_last`` (an integer >= 1; None keeps all): once
+    the new checkpoint is complete, only the ``keep_last`` newest complete
+    checkpoints of ``directory`` are kept, the new one always. Every rank
+    returns once the checkpoint is complete; an error on any rank raises on
+    every rank and leaves no complete checkpoint of ``epoch``.
     """
     directory = os.fspath(directory)
     rank, world_size = comm.get_rank(), comm.get_world_size()
@@ -227,15 +302,14 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     # 1. Local checks, digests of the replicas, and a fresh temp directory.
     error, digests = None, None
     try:
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or \
-                epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0 (got "
-                             f"{epoch!r})")
-        meta_text = json.dumps({
-            'format': FORMAT_VERSION, 'epoch': epoch,
-            'world_size': world_size, 'fingerprint': fingerprint,
-            'extra': extra or {}, 'torch': torch.__version__,
-            'time': time.time()}, indent=1, allow_nan=True)
+        _check_count('epoch', epoch, 0)
+        if keep_last is not None:
+            _check_count('keep_last', keep_last, 1)
+        meta = {'format': FORMAT_VERSION, 'epoch': epoch,
+                'world_size': world_size, 'fingerprint': fingerprint,
+                'extra': extra or {}, 'torch': torch.__version__,
+                'time': time.time()}
+        json.dumps(meta, allow_nan=True)  # refuse what JSON cannot hold now
         model_state = model.state_dict()
         tensors = {_MODEL + k: v for k, v in model_state.items()
                    if isinstance(v, Tensor)}
@@ -281,47 +355,96 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     rank_state['rng'] = rng_state()
     error = None
     try:
-        _fsync_write(osp.join(tmp, f'rank-{rank}.pt'),
-                     lambda f: torch.save(rank_state, f))
+        write_atomically(osp.join(tmp, f'rank-{rank}.pt'),
+                         lambda f: torch.save(rank_state, f))
     except Exception as e:
         error = OSError(f"rank {rank}: writing '{tmp}/rank-{rank}.pt' "
                         f"failed: {e}")
     _agree(error)
 
-    # 3. Commit: rank 0 writes the metadata last and renames atomically.
+    # 3. Commit: rank 0 hashes every file, writes the manifest last and
+    # renames atomically.
     error = None
     if rank == 0:
         try:
-            _fsync_write(osp.join(tmp, META_FILE),
-                         lambda f: f.write(meta_text.encode()))
-            _fsync_dir(tmp)
+            files = hash_tree(tmp, exclude=(META_FILE,))
+            write_text_atomically(osp.join(tmp, META_FILE),
+                                  _seal({**meta, 'files': files}))
+            fsync_dir(tmp)
             os.rename(tmp, final)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except Exception as e:
             error = OSError(f"committing checkpoint '{final}' failed: {e}")
+        if error is None and keep_last is not None:
+            _prune(directory, keep_last, final)
     _agree(error)
     return final
 
 
 # Load ########################################################################
 
+def _format_error(path: str, meta: Dict[str, Any]) -> ValueError:
+    return ValueError(f"checkpoint '{path}' has format "
+                      f"{meta.get('format')!r}; this pyg_sar reads format "
+                      f"{FORMAT_VERSION} (use a fresh checkpoint directory)")
+
+
 def _read_meta(path: str) -> Dict[str, Any]:
+    """``meta.json`` of the checkpoint ``path``, checked against its
+    checksum. Missing: ``FileNotFoundError`` (not a complete checkpoint);
+    damaged: :class:`CorruptCheckpointError`; another format:
+    ``ValueError``."""
     meta_path = osp.join(path, META_FILE)
     if not osp.isfile(meta_path):
         raise FileNotFoundError(f"'{meta_path}' not found; '{path}' is not "
                                 f"a complete pyg_sar checkpoint")
     try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-        int(meta['epoch']), int(meta['world_size'])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"checkpoint metadata '{meta_path}' is unreadable "
-                         f"or corrupt ({type(e).__name__}: {e})") from e
+        with open(meta_path, 'rb') as f:
+            meta = json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise _corrupt(path, f"{META_FILE} is unreadable: "
+                       f"{type(e).__name__}: {e}") from None
+    if not isinstance(meta, dict):
+        raise _corrupt(path, f"{META_FILE} holds no JSON object")
+    if 'checksum' not in meta and meta.get('format') != FORMAT_VERSION:
+        raise _format_error(path, meta)  # written by another pyg_sar
+    if meta.pop('checksum', None) != _checksum(meta):
+        raise _corrupt(path, f"{META_FILE} does not match its checksum")
     if meta.get('format') != FORMAT_VERSION:
-        raise ValueError(f"checkpoint '{path}' has format "
-                         f"{meta.get('format')!r}; this pyg_sar reads "
-                         f"format {FORMAT_VERSION}")
+        raise _format_error(path, meta)
+    files = meta.get('files')
+    if not (type(meta.get('epoch')) is int and
+            type(meta.get('world_size')) is int and
+            isinstance(files, dict) and
+            all(isinstance(v, dict) and type(v.get('bytes')) is int and
+                isinstance(v.get(HASH_ALGORITHM), str)
+                for v in files.values())):
+        raise _corrupt(path, f"{META_FILE} lacks the fields of format "
+                       f"{FORMAT_VERSION}")
     return meta
+
+
+def _verify(path: str, meta: Dict[str, Any], name: str) -> str:
+    """The path of the file ``name`` of the checkpoint ``path`` once its
+    size and hash match what ``meta.json`` records."""
+    entry = meta['files'].get(name)
+    if entry is None:
+        raise _corrupt(path, f"its {META_FILE} does not list '{name}'")
+    file = osp.join(path, name)
+    try:
+        size, digest = file_digest(file)
+    except FileNotFoundError:
+        raise _corrupt(path, f"'{name}' is missing") from None
+    except OSError as e:
+        raise _corrupt(path, f"'{name}' is unreadable: "
+                       f"{e.strerror or e}") from None
+    if size != entry['bytes']:
+        raise _corrupt(path, f"'{name}' has {size} bytes, {META_FILE} "
+                       f"records {entry['bytes']}")
+    if digest != entry[HASH_ALGORITHM]:
+        raise _corrupt(path, f"'{name}' does not match the "
+                       f"{HASH_ALGORITHM} hash {META_FILE} records")
+    return file
 
 
 def _workers(meta: Dict[str, Any]) -> str:
@@ -386,48 +509,63 @@ def _allocate(path: str, specs, model: torch.nn.Module,
             for k, (size, dtype) in wanted.items()}
 
 
-def load(path: str, model: torch.nn.Module,
-         optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None,
-         *, fingerprint: Optional[str] = None,
-         expect: Optional[Dict[str, Any]] = None,
-         restore_rng: bool = True) -> Dict[str, Any]:
-    """Restores the checkpoint ``path`` (collective) into ``model``,
-    ``optimizer`` and ``scheduler``, and this rank's RNG states.
-
-    Refused with a ``ValueError`` on every rank when the checkpoint was
-    written by a different number of workers, for a partition set with a
-    different ``fingerprint`` (None: not checked), or with ``extra`` values
-    other than ``expect``. Returns ``{'epoch', 'path', 'extra'}``.
-    """
-    path = os.fspath(path)
+def _inspect(path: str, model: torch.nn.Module, optimizer,
+             fingerprint: Optional[str], expect: Optional[Dict[str, Any]]):
+    """This rank's checks of the checkpoint ``path`` before anything is
+    loaded: the manifest, the compatibility with this run, the hash of
+    every file this rank reads, then the files' contents (read safely).
+    Returns ``(meta, rank_state, tensors to fill)``."""
     rank, world_size = comm.get_rank(), comm.get_world_size()
-    error, meta = None, None
+    meta = _read_meta(path)
+    _check_meta(path, meta, world_size, fingerprint, expect)
+    io = comm.checkpoint_io
+    _verify(path, meta, io.METADATA_FILE)
     try:
-        meta = _read_meta(path)
-        _check_meta(path, meta, world_size, fingerprint, expect)
-        rank_file = osp.join(path, f'rank-{rank}.pt')
-        if not osp.isfile(rank_file):
-            raise FileNotFoundError(f"'{rank_file}' not found; checkpoint "
-                                    f"'{path}' is incomplete")
-        try:
-            rank_state = torch.load(rank_file, weights_only=True)
-        except Exception as e:
-            raise ValueError(f"'{rank_file}' is unreadable or corrupt "
-                             f"({type(e).__name__})") from e
-        if (rank_state.get('rank'), rank_state.get('epoch')) != \
-                (rank, int(meta['epoch'])):
-            raise ValueError(f"'{rank_file}' belongs to rank "
-                             f"{rank_state.get('rank')} epoch "
-                             f"{rank_state.get('epoch')}, not rank {rank} "
-                             f"epoch {meta['epoch']}")
-        if optimizer is not None and rank_state['optimizer'] is None:
-            raise ValueError(f"checkpoint '{path}' holds no optimizer state")
-        tensors = _allocate(path, comm.replicated_specs(path), model,
-                            optimizer)
+        data_files = io.replicated_files(path)
+        specs = comm.replicated_specs(path)
+    except io.UnsafeMetadataError as e:
+        raise _corrupt(path, f"'{io.METADATA_FILE}' is refused: "
+                       f"{e.reason}") from None
+    except OSError as e:
+        raise _corrupt(path, str(e)) from None
+    for name in data_files:
+        _verify(path, meta, name)
+    rank_name = f'rank-{rank}.pt'
+    rank_file = _verify(path, meta, rank_name)
+    try:
+        rank_state = torch.load(rank_file, weights_only=True)
+    except Exception as e:
+        raise _corrupt(path, f"'{rank_name}' is unreadable: "
+                       f"{type(e).__name__}") from None
+    if not isinstance(rank_state, dict) or \
+            (rank_state.get('rank'), rank_state.get('epoch')) != \
+            (rank, meta['epoch']):
+        raise _corrupt(path, f"'{rank_name}' does not hold the state of "
+                       f"rank {rank} at epoch {meta['epoch']}")
+    if optimizer is not None and rank_state.get('optimizer') is None:
+        raise ValueError(f"checkpoint '{path}' holds no optimizer state")
+    return meta, rank_state, _allocate(path, specs, model, optimizer)
+
+
+def _inspect_everywhere(path: str, model: torch.nn.Module, optimizer,
+                        fingerprint: Optional[str],
+                        expect: Optional[Dict[str, Any]]):
+    """Collective :func:`_inspect`: every rank raises if any rank failed
+    (a :class:`CorruptCheckpointError` first)."""
+    error, inspected = None, None
+    try:
+        inspected = _inspect(path, model, optimizer, fingerprint, expect)
     except Exception as e:
         error = e
     _agree(error)
+    return inspected
 
+
+def _restore(path: str, inspected, model: torch.nn.Module, optimizer,
+             scheduler, restore_rng: bool) -> Dict[str, Any]:
+    """Collective: loads the checkpoint ``path`` that every rank
+    inspected."""
+    meta, rank_state, tensors = inspected
     comm.load_replicated(tensors, path)
     error = None
     try:
@@ -461,19 +599,85 @@ def load(path: str, model: torch.nn.Module,
             'extra': meta.get('extra') or {}}
 
 
+def load(path: str, model: torch.nn.Module,
+         optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None,
+         *, fingerprint: Optional[str] = None,
+         expect: Optional[Dict[str, Any]] = None,
+         restore_rng: bool = True) -> Dict[str, Any]:
+    """Restores the checkpoint ``path`` (collective) into ``model``,
+    ``optimizer`` and ``scheduler``, and this rank's RNG states.
+
+    Refused with a ``ValueError`` on every rank when the checkpoint was
+    written by a different number of workers, for a partition set with a
+    different ``fingerprint`` (None: not checked), or with ``extra`` values
+    other than ``expect``; with a :class:`CorruptCheckpointError` when a
+    file it reads differs from its recorded hash or is not what the format
+    allows (checked before anything is loaded). Returns ``{'epoch',
+    'path', 'extra'}``.
+    """
+    path = os.fspath(path)
+    inspected = _inspect_everywhere(path, model, optimizer, fingerprint,
+                                    expect)
+    return _restore(path, inspected, model, optimizer, scheduler,
+                    restore_rng)
+
+
+def _set_aside(path: str) -> str:
+    """Renames the corrupt checkpoint ``path`` to ``path.corrupt`` (or
+    ``.corrupt-2``, ...), out of :func:`checkpoints`' sight and of the way
+    of the next save of its epoch; returns the new path."""
+    target, n = path + CORRUPT_SUFFIX, 1
+    while osp.lexists(target):
+        n += 1
+        target = f'{path}{CORRUPT_SUFFIX}-{n}'
+    os.rename(path, target)
+    return target
+
+
 def resume(directory: str, model: torch.nn.Module,
            optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None,
            *, fingerprint: Optional[str] = None,
            expect: Optional[Dict[str, Any]] = None) -> Optional[Dict]:
-    """Loads the newest complete checkpoint of ``directory`` (rank 0's
-    choice, so every rank loads the same one; collective). Returns what
-    :func:`load` returns, or None when there is no checkpoint yet."""
-    choice = comm.all_gather_object(
-        latest(directory) if comm.get_rank() == 0 else None)[0]
-    if choice is None:
+    """Loads the newest intact checkpoint of ``directory`` (collective).
+    Returns what :func:`load` returns, or None when there is none.
+
+    Rank 0 lists the checkpoints, so every rank tries the same ones,
+    newest first; a checkpoint that any rank finds corrupt
+    (:class:`CorruptCheckpointError`) is skipped by all, set aside as
+    ``epoch-<K>.corrupt`` and reported on stderr in one line naming the
+    checkpoint resumed from instead. Refusals (other world size,
+    partitions or ``expect``) raise as in :func:`load`."""
+    directory = os.fspath(directory)
+    error, found = None, None
+    if comm.get_rank() == 0:
+        try:
+            found = [path for _, path in checkpoints(directory)]
+        except OSError as e:
+            error = e
+    found = _agree(error, found)[0]
+    corrupt: List[Tuple[str, str]] = []
+    chosen, inspected = None, None
+    for path in reversed(found):
+        try:
+            inspected = _inspect_everywhere(path, model, optimizer,
+                                            fingerprint, expect)
+        except CorruptCheckpointError as e:
+            corrupt.append((path, str(e)))
+            continue
+        chosen = path
+        break
+    if comm.get_rank() == 0:
+        then = f"resuming from '{chosen}'" if chosen is not None else \
+            'no intact checkpoint is left to resume from'
+        for path, message in corrupt:
+            try:
+                moved = f"moved it to '{_set_aside(path)}'"
+            except OSError as e:
+                moved = f"could not move it aside ({e})"
+            _warn(f'{message}; {moved}; {then}')
+    if chosen is None:
         return None
-    return load(choice, model, optimizer, scheduler, fingerprint=fingerprint,
-                expect=expect)
+    return _restore(chosen, inspected, model, optimizer, scheduler, True)
 
 
 # Trained weights #############################################################
@@ -481,19 +685,6 @@ def resume(directory: str, model: torch.nn.Module,
 def save_weights(model: torch.nn.Module, path: str) -> None:
     """Writes ``model.state_dict()`` to ``path`` atomically (temporary file
     in the same directory, then ``os.replace``). Call it on one rank."""
-    path = os.fspath(path)
-    folder = osp.dirname(osp.abspath(path))
-    if not osp.isdir(folder):
-        raise FileNotFoundError(f"cannot write '{path}': directory "
-                                f"'{folder}' does not exist")
-    tmp = osp.join(folder, f'.{osp.basename(path)}.tmp-{os.getpid()}')
     state = {k: v.detach().cpu() if isinstance(v, Tensor) else v
              for k, v in model.state_dict().items()}
-    try:
-        _fsync_write(tmp, lambda f: torch.save(state, f))
-        os.replace(tmp, path)
-    except BaseException:
-        if osp.lexists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync_dir(folder)
+    write_atomically(path, lambda f: torch.save(state, f))

@@ -28,9 +28,13 @@ from pyg_sar.graph import DistGraph, explicit_device
 from pyg_sar.nn import to_distributed
 from pyg_sar.nn.functional import relu_dropout
 from pyg_sar.partition import load_partition
+from pyg_sar.partition.layout import MANIFEST_FILE
+from pyg_sar.train.files import check_output_dir, check_output_file
 from pyg_sar.train.run_log import RunLog
 from pyg_sar.utils.malloc import configure_allocator
 
+# Also in pyg_sar/cli/train.py, whose parser imports no torch (a test
+# checks that the two are equal).
 MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
 
 
@@ -157,6 +161,29 @@ class _StartupLog:
                   flush=True)
 
 
+def _check_paths(parts: str, checkpoint_dir: Optional[str],
+                 save_model: Optional[str], log_dir: Optional[str]) -> None:
+    """Refuses, before the process group is joined, a partition directory
+    that is not one and an output that could not be written (each on the
+    ranks that write it: the checkpoint directory on every rank, the rest
+    on rank 0), so that a wrong path costs no training."""
+    if not osp.isdir(parts):
+        raise FileNotFoundError(f"parts '{parts}': no such directory; "
+                                f"expected a partition directory written by "
+                                f"pyg-sar partition")
+    if not osp.isfile(osp.join(parts, MANIFEST_FILE)):
+        raise FileNotFoundError(f"parts '{parts}' holds no {MANIFEST_FILE}; "
+                                f"expected a partition directory written by "
+                                f"pyg-sar partition")
+    if checkpoint_dir is not None:
+        check_output_dir(checkpoint_dir, 'checkpoint_dir')
+    if os.environ.get('RANK', '0') == '0':
+        if save_model is not None:
+            check_output_file(save_model, 'save_model')
+        if log_dir is not None:
+            check_output_dir(log_dir, 'log_dir')
+
+
 def train(parts: str, model: str = 'sage', layers: int = 3,
           hidden: int = 256, heads: int = 4, epochs: int = 10,
           lr: float = 0.01, dropout: float = 0.5, mode: str = 'sar',
@@ -167,37 +194,38 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
           save_model: Optional[str] = None,
           allow_non_finite_loss: bool = False,
           log_dir: Optional[str] = None,
-          device: str = 'auto') -> List[Dict]:
+          device: str = 'auto',
+          keep_last: Optional[int] = None) -> List[Dict]:
     """Trains ``model`` full-batch on the partition set ``parts``; one call
     per worker (collective). Returns the per-epoch history (same on every
     rank). Rank 0 prints each epoch's loss and accuracies.
 
-    With ``checkpoint_dir`` it resumes from the newest complete checkpoint
+    With ``checkpoint_dir`` it resumes from the newest intact checkpoint
     there (model, optimizer, RNG states and history; see
-    :mod:`pyg_sar.train.checkpoint`) and writes one every ``checkpoint_every``
-    epochs and after the last epoch, so that an interrupted run, restarted
-    with the same options, ends bitwise equal to an uninterrupted one.
-    ``save_model`` receives the trained weights (rank 0, atomically) as the
-    ``state_dict`` of the stock :class:`GNN`. A non-finite training loss
-    stops training with a ``FloatingPointError`` naming the epoch (on every
-    rank), unless ``allow_non_finite_loss``. ``log_dir`` receives
+    :mod:`pyg_sar.train.checkpoint`: a corrupt one is reported and set
+    aside) and writes one every ``checkpoint_every`` epochs and after the
+    last epoch, so that an interrupted run, restarted with the same options,
+    ends bitwise equal to an uninterrupted one; ``keep_last`` keeps only the
+    newest ``keep_last`` checkpoints (None: all). ``save_model`` receives
+    the trained weights (rank 0, atomically) as the ``state_dict`` of the
+    stock :class:`GNN`. A non-finite training loss stops training with a
+    ``FloatingPointError`` naming the epoch (on every rank), unless
+    ``allow_non_finite_loss``. ``log_dir`` receives
     ``metrics.csv`` (per epoch: loss, accuracies, time, bytes exchanged and
     peak RSS of every rank) and ``curves.png`` (:mod:`pyg_sar.train.run_log`).
     ``device`` is where the model, the features and the graph's index
     tensors live: ``'auto'`` is this worker's GPU (``cuda:LOCAL_RANK``)
-    when CUDA is available, else the CPU."""
+    when CUDA is available, else the CPU. The partition directory and
+    every output path are checked before the process group is joined."""
     import numpy as np
 
     from pyg_sar.train import checkpoint
-    if isinstance(checkpoint_every, bool) or \
-            not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be an integer >= 1 (got "
-                         f"{checkpoint_every!r})")
-    if save_model is not None and \
-            not osp.isdir(osp.dirname(osp.abspath(save_model))):
-        raise ValueError(f"save_model {save_model!r}: directory "
-                         f"{osp.dirname(osp.abspath(save_model))!r} does "
-                         f"not exist")
+    checkpoint._check_count('checkpoint_every', checkpoint_every, 1)
+    if keep_last is not None:
+        checkpoint._check_count('keep_last', keep_last, 1)
+    if keep_last is not None and checkpoint_dir is None:
+        raise ValueError(f"keep_last={keep_last} needs checkpoint_dir")
+    _check_paths(parts, checkpoint_dir, save_model, log_dir)
     configure_allocator()  # the library's allocator policy (_malloc.py)
     say = _StartupLog(progress)
     say(f"joining the process group "
@@ -255,7 +283,7 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
                       f"({resumed['path']})", flush=True)
     run_log = None
     if log_dir is not None:
-            run_log = RunLog(log_dir, start_epoch)
+        run_log = RunLog(log_dir, start_epoch)
     # Rank 0 prints one line per epoch; ``progress`` adds the bar under them.
     show = rank == 0
     bar = None
@@ -293,7 +321,8 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
                                            epoch == epochs):
             checkpoint.save(checkpoint_dir, epoch, net, optimizer,
                             fingerprint=part.fingerprint,
-                            extra={'config': config, 'history': history})
+                            extra={'config': config, 'history': history},
+                            keep_last=keep_last)
         if show:
             accs = ' '.join(f"{k.split('_')[0]} {v:.4f}"
                             for k, v in record.items() if k.endswith('_acc'))

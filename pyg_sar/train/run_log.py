@@ -2,20 +2,22 @@
 PNG of the curves.
 
 Every epoch each rank contributes the bytes it exchanged and its peak RSS
-(one small collective); rank 0 rewrites ``metrics.csv`` atomically (a temp
-file, then ``os.replace``), so the file is never half written, and at the end
-draws ``curves.png``. A resumed run keeps the rows up to the epoch it resumes
-from and appends the rest.
+(one small collective); rank 0 rewrites ``metrics.csv`` atomically
+(:func:`pyg_sar.train.files.write_atomically`), so the file is never half
+written, and at the end draws ``curves.png`` the same way. A resumed run
+keeps the rows up to the epoch it resumes from and appends the rest.
 """
 from __future__ import annotations
 
 import csv
+import io
 import os
 import os.path as osp
 import resource
 from typing import Dict, List
 
 from pyg_sar import comm
+from pyg_sar.train.files import write_atomically, write_text_atomically
 
 METRICS_FILE = 'metrics.csv'
 CURVES_FILE = 'curves.png'
@@ -68,13 +70,12 @@ class RunLog:
         fields: List[str] = []
         for row in self.rows:
             fields += [k for k in row if k not in fields]
-        path = osp.join(self.log_dir, METRICS_FILE)
-        tmp = path + '.tmp'
-        with open(tmp, 'w', newline='') as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(self.rows)
-        os.replace(tmp, path)
+        text = io.StringIO(newline='')
+        writer = csv.DictWriter(text, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_text_atomically(osp.join(self.log_dir, METRICS_FILE),
+                              text.getvalue())
 
     def finish(self) -> None:
         """Draws loss and accuracy curves into ``curves.png`` (rank 0)."""
@@ -98,7 +99,8 @@ class RunLog:
         for ax in (ax_loss, ax_acc):
             ax.grid(alpha=0.3)
         fig.tight_layout()
-        tmp = osp.join(self.log_dir, '.' + CURVES_FILE)
-        fig.savefig(tmp, format='png', dpi=100)
-        plt.close(fig)
-        os.replace(tmp, osp.join(self.log_dir, CURVES_FILE))
+        try:
+            write_atomically(osp.join(self.log_dir, CURVES_FILE),
+                             lambda f: fig.savefig(f, format='png', dpi=100))
+        finally:
+            plt.close(fig)
