@@ -51,9 +51,11 @@ def test_partition_knows_its_class_count(one_part):
 
 
 def _with_graph(fn):
-    """Calls ``fn(part, graph)`` in a one-rank process group."""
-    from pyg_sar import comm
+    """Calls ``fn()`` in a one-rank process group (the environment of
+    ``torchrun`` set for the call only)."""
     import os
+    from pyg_sar import comm
+    saved = dict(os.environ)
     os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0',
                       MASTER_ADDR='127.0.0.1',
                       MASTER_PORT=str(comm.find_free_port()))
@@ -62,6 +64,8 @@ def _with_graph(fn):
         return fn()
     finally:
         comm.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.mark.parametrize('make', [
@@ -101,3 +105,38 @@ def test_an_own_message_passing_layer_is_pointed_at_dist_message_passing():
     assert message.startswith("to_distributed: _OwnLayer at '0' has no "
                               "distributed version in pyg_sar")
     assert 'subclasses pyg_sar.nn.DistMessagePassing' in message
+
+
+def test_a_dataset_that_cannot_be_downloaded_is_one_line(tmp_path, capsys,
+                                                         monkeypatch):
+    from torch_geometric.datasets import Planetoid
+
+    def offline(self):  # what a machine without network gets
+        raise OSError('[Errno -2] Name or service not known')
+
+    monkeypatch.setattr(Planetoid, 'download', offline)
+    code = cli.main(['partition', '--dataset', 'Cora', '--root',
+                     str(tmp_path / 'data'), '--num-parts', '2', '--out',
+                     str(tmp_path / 'parts')])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("pyg-sar partition: error: could not download "
+                             "'Cora'"), err
+    assert 'raw/ind.cora.' in err[0]
+
+
+def test_training_a_graph_without_x_is_one_line(tmp_path):
+    from pyg_sar.train import train
+    data = datasets.synthetic_graph(200, 5.0, 8, 3, seed=0)
+    del data.x
+    out = str(tmp_path / 'parts')
+    partition_graph(data, 1, out)
+
+    def run():
+        with pytest.raises(ValueError) as error:
+            train(out, epochs=1, progress=False)
+        assert str(error.value).startswith(
+            f"partition {out!r} has no node attribute 'x'")
+
+    _with_graph(run)

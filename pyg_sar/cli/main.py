@@ -55,13 +55,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         code = COMMANDS[args.command].run(args)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError,
-            ImportError, FloatingPointError, PeerError) as e:
+    except (ValueError, TypeError, OSError, ImportError, FloatingPointError,
+            PeerError) as e:
+        # OSError: a path, a permission, a download (ConnectionError).
         if os.environ.get('PYG_SAR_TRACEBACK', '0') not in ('', '0'):
             traceback.print_exc()
         where = f" (rank {os.environ['RANK']})" if 'RANK' in os.environ \
-            and isinstance(e, (ValueError, TypeError, FileNotFoundError,
-                               FileExistsError, FloatingPointError)) else ''
+            and not isinstance(e, (PeerError, ImportError)) else ''
         # One write, so that the lines of several ranks do not interleave.
         sys.stderr.write(f'pyg-sar {args.command}: error{where}: {e}\n')
         sys.stderr.flush()

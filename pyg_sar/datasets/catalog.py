@@ -256,7 +256,7 @@ def load(name: str, root: str = 'data', seed: int = 0, **kwargs: Any) -> Data:
     try:
         dataset = loaders[name]()
     except OSError as e:  # URLError, DNS and connection failures included
-        raise RuntimeError(
+        raise ConnectionError(
             f"could not download '{name}' into '{root}' ({type(e).__name__}:"
             f" {e}); offline, provide its raw files as {_layout(name, root)}"
         ) from None

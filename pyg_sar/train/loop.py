@@ -239,8 +239,13 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     say(f"building the exchange plan ({part.num_local_nodes:,} nodes, "
         f"{part.num_local_edges:,} in-edges on rank 0; mode {mode}, "
         f"device {device})")
-    graph = DistGraph(part, mode=mode, chunk_size=chunk_size,
-                              device=device)
+    graph = DistGraph(part, mode=mode, chunk_size=chunk_size, device=device)
+    for name in ('x', 'y'):
+        if name not in part.node_attrs:
+            raise ValueError(
+                f"partition {parts!r} has no node attribute {name!r} "
+                f"(it has {part.node_attr_names}); pyg-sar train needs "
+                f"node features 'x' and labels 'y'")
     x, y = part.x.float().to(device), part.y.long().to(device)
     masks = {name: getattr(part, f'{name}_mask').bool().to(device)
              for name in ('train', 'val', 'test')
