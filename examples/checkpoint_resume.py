@@ -4,7 +4,7 @@
         --checkpoint-dir ckpt --epochs 30
 
 Run the same command again after a crash, a kill or ``--stop-after K`` and
-it resumes from the newest complete checkpoint; with ``torchrun
+it resumes from the newest valid checkpoint; with ``torchrun
 --max-restarts 3`` the restart is automatic. A resumed run ends with the
 weights, optimizer state and random numbers (dropout masks) of a run that
 never stopped. ``ckpt`` must be visible to every worker.

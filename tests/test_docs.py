@@ -30,7 +30,7 @@ DOCS = osp.join(ROOT, 'docs')
 
 # The pages the site is made of (index.rst's toctree and the reference).
 PAGES = ['index', 'install', 'get_started', 'tutorials/index', 'cheatsheet',
-         'cli', 'benchmarks', 'reference/index']
+         'trust', 'cli', 'benchmarks', 'reference/index']
 STAGES = ['utils', 'partition', 'comm', 'graph', 'nn', 'loader', 'train',
           'datasets', 'cli']
 # Every module whose ``__all__`` the reference documents.
