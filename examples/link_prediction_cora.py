@@ -179,7 +179,15 @@ def main() -> None:
     parser.add_argument('--compare', action='store_true',
                         help='also train stock PyG on one process (rank 0)')
     args = parser.parse_args()
+    pyg_sar.init_distributed()
+    # Every rank splits Cora the same way. Rank 0 goes first, so that PyG
+    # processes the raw files once instead of every rank writing them at
+    # the same time.
+    if comm.get_rank() != 0:
+        comm.barrier()
     train_data, val_data, test_data = split(args.root, args.seed)
+    if comm.get_rank() == 0:
+        comm.barrier()
     ours = train_distributed(args, train_data, val_data, test_data)
     if comm.get_rank() != 0:
         return
