@@ -12,9 +12,16 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 
 - :mod:`~pyg_sar.comm.state`: :class:`CommConfig`, :func:`configure`,
   :func:`config` and the counters of :func:`comm_stats`.
-- :mod:`~pyg_sar.comm.errors`: :class:`PeerError` and the timed wait.
+- :mod:`~pyg_sar.comm.errors`: :class:`PeerError`,
+  :class:`SettingsMismatchError` and the timed wait.
 - :mod:`~pyg_sar.comm.process_group`: :func:`init_distributed`,
-  :func:`get_rank`, :func:`get_world_size`, :func:`find_free_port`.
+  :func:`get_rank`, :func:`get_world_size`, :func:`find_free_port`; the
+  groups are destroyed at interpreter exit when :func:`shutdown` was not
+  called.
+- :mod:`~pyg_sar.comm.agreement`: :func:`agree`, the check that every rank
+  shares the settings that shape messages, before any is posted.
+- :mod:`~pyg_sar.comm.sequence`: :func:`finish_before_next_operation`, what
+  every operation does first so that the ranks' operations stay paired.
 - :mod:`~pyg_sar.comm.collectives`: :func:`barrier`, :func:`all_reduce`,
   :func:`broadcast_`, :func:`all_gather_object`, :func:`all_to_all_v`,
   :func:`ask_owners`,
@@ -22,8 +29,9 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 - :mod:`~pyg_sar.comm.p2p`: :func:`post_exchange`, :class:`PendingExchange`.
 - :mod:`~pyg_sar.comm.buffers`: :func:`reusing_buffers`, the reuse of a
   propagation's exchange buffers.
-- :mod:`~pyg_sar.comm.channels`: :func:`ensure_channels`, the process groups
-  that keep concurrent exchanges apart (no tags).
+- :mod:`~pyg_sar.comm.channels`: :func:`ensure_channels`,
+  :func:`on_channel`, the process groups that keep concurrent exchanges
+  apart (no tags), the loaders' traffic included.
 - :mod:`~pyg_sar.comm.model`: :func:`sync_params`, :func:`all_reduce_grads`,
   :func:`ddp_sum_hook`.
 - :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
@@ -31,19 +39,22 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 """
 from pyg_sar.comm import (channels, checkpoint_io, collectives, errors, p2p,
                           process_group, state)
+from pyg_sar.comm.agreement import agree
 from pyg_sar.comm.buffers import reusing_buffers
-from pyg_sar.comm.channels import ensure_channels
+from pyg_sar.comm.channels import ensure_channels, on_channel
 from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
                                         save_replicated)
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       all_to_all_v, ask_owners, barrier,
                                       broadcast_,
                                       global_count, global_sum, shutdown)
-from pyg_sar.comm.errors import PeerError, report_failure
+from pyg_sar.comm.errors import (PeerError, SettingsMismatchError,
+                                 report_failure)
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
 from pyg_sar.comm.p2p import PendingExchange, post_exchange
 from pyg_sar.comm.process_group import (find_free_port, get_rank,
                                         get_world_size, init_distributed)
+from pyg_sar.comm.sequence import finish_before_next_operation
 from pyg_sar.comm.state import (CommConfig, comm_stats, config, configure,
                                 reset_comm_stats)
 
@@ -56,7 +67,8 @@ __all__ = [
     'find_free_port',
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
     'replicated_specs', 'ensure_channels', 'report_failure',
-    'reusing_buffers',
+    'reusing_buffers', 'agree', 'on_channel', 'SettingsMismatchError',
+    'finish_before_next_operation',
 ]
 
 # Internals reached as ``pyg_sar.comm._name`` (tests use ``_peer_error``).

@@ -1,20 +1,27 @@
 """Collectives: barrier, reductions, broadcast, gathers and the variable-size
 all-to-all, plus the differentiable :func:`global_sum` and
-:func:`global_count`."""
+:func:`global_count`.
+
+Each one first keeps the ranks' operations paired
+(:func:`~pyg_sar.comm.sequence.before_operation`: free unless this rank left
+collective work unfinished or changed a shared setting) and runs on the
+channel of the enclosing :func:`~pyg_sar.comm.on_channel` (the world group
+outside one)."""
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable, List, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pyg_sar.comm.errors import _peer_error, _wait
-from pyg_sar.comm.channels import forget_channels
-from pyg_sar.comm.process_group import (_active, _comm_device, get_rank,
-                                        get_world_size)
+from pyg_sar.comm.agreement import gather_objects
+from pyg_sar.comm.channels import channel_group
+from pyg_sar.comm.errors import _wait
+from pyg_sar.comm.process_group import (_active, _comm_device, destroy_groups,
+                                        get_rank, get_world_size)
+from pyg_sar.comm.sequence import before_operation
 from pyg_sar.comm.state import _STATS
 
 
@@ -22,22 +29,30 @@ def barrier() -> None:
     """Waits for every rank, with the configured timeout."""
     if not _active():
         return
+    before_operation()
+    _barrier()
+
+
+def _barrier() -> None:
     _STATS['collectives'] += 1
-    _wait(dist.barrier(async_op=True), 'barrier')
+    _wait(dist.barrier(group=channel_group(), async_op=True), 'barrier')
 
 
 def shutdown() -> None:
     """Leaves the process group cleanly at the end of a run: a barrier (no
     rank tears its connections down while a peer still uses them), then
-    ``destroy_process_group`` (no transport thread is left running at
-    interpreter exit, which can abort the process)."""
+    the package's groups and the default group are destroyed (no transport
+    thread is left running at interpreter exit, which can abort the
+    process). A run that never calls it is torn down at interpreter exit
+    (:func:`~pyg_sar.comm.process_group.destroy_groups`, without the
+    barrier)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:
-        barrier()
+        if _active():
+            _barrier()  # the end: nothing left to pair or to shape
     finally:
-        forget_channels()
-        dist.destroy_process_group()
+        destroy_groups()
 
 
 def all_reduce(tensor: Tensor, op: str = 'sum') -> Tensor:
@@ -46,13 +61,14 @@ def all_reduce(tensor: Tensor, op: str = 'sum') -> Tensor:
         return tensor
     reduce_op = {'sum': dist.ReduceOp.SUM, 'max': dist.ReduceOp.MAX,
                  'min': dist.ReduceOp.MIN}[op]
+    before_operation()
     buf = _comm_device(tensor)
     _STATS['collectives'] += 1
     nbytes = buf.numel() * buf.element_size()
     _STATS['bytes_sent'] += nbytes
     _STATS['bytes_received'] += nbytes
-    _wait(dist.all_reduce(buf, op=reduce_op, async_op=True),
-          f'all_reduce({op})')
+    _wait(dist.all_reduce(buf, op=reduce_op, group=channel_group(),
+                          async_op=True), f'all_reduce({op})')
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
@@ -62,6 +78,7 @@ def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
     """In-place broadcast of ``tensor`` from rank ``src``."""
     if not _active():
         return tensor
+    before_operation()
     buf = _comm_device(tensor)
     _STATS['collectives'] += 1
     nbytes = buf.numel() * buf.element_size()
@@ -69,8 +86,8 @@ def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
         _STATS['bytes_sent'] += nbytes
     else:
         _STATS['bytes_received'] += nbytes
-    _wait(dist.broadcast(buf, src=src, async_op=True),
-          f'broadcast(from rank {src})')
+    _wait(dist.broadcast(buf, src=src, group=channel_group(),
+                         async_op=True), f'broadcast(from rank {src})')
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
@@ -109,15 +126,8 @@ def all_gather_object(obj) -> List:
     """Gathers one picklable object from every rank (small metadata only)."""
     if not _active():
         return [obj]
-    _STATS['collectives'] += 1
-    out: List = [None] * get_world_size()
-    start = time.perf_counter()
-    try:
-        dist.all_gather_object(out, obj)
-    except Exception as e:
-        raise _peer_error('all_gather_object', None, e,
-                          time.perf_counter() - start) from e
-    return out
+    before_operation()
+    return gather_objects(obj, channel_group())
 
 
 def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
@@ -135,6 +145,7 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
     rank = get_rank()
     if not _active():
         return [tensors[0]]
+    before_operation()
     mine = tensors[rank]
     trailing, device = tuple(mine.shape[1:]), mine.device
     send_counts = [0 if q == rank else int(t.shape[0])
@@ -152,7 +163,8 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
     _STATS['messages_sent'] += sum(1 for n in send_counts if n)
     _STATS['messages_received'] += sum(1 for n in recv_counts if n)
     _wait(dist.all_to_all_single(recv, send, recv_counts, send_counts,
-                                 async_op=True), 'all_to_all')
+                                 group=channel_group(), async_op=True),
+          'all_to_all')
     received = list(recv.to(device).split(recv_counts))
     received[rank] = mine
     return received
@@ -181,7 +193,8 @@ def _all_to_all_counts(counts: Tensor) -> Tensor:
     nbytes = counts.numel() * counts.element_size()
     _STATS['bytes_sent'] += nbytes
     _STATS['bytes_received'] += nbytes
-    _wait(dist.all_to_all_single(recv, send, async_op=True), 'all_to_all')
+    _wait(dist.all_to_all_single(recv, send, group=channel_group(),
+                                 async_op=True), 'all_to_all')
     return recv.cpu() if recv is not out else out
 
 

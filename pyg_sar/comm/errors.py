@@ -1,14 +1,17 @@
 """Failed waits: :class:`PeerError`, the timed wait every operation goes
 through (:func:`_wait`), and the message naming the dead or hung peer, built
-from the transport's error (:func:`_peer_error`)."""
+from the transport's error (:func:`_peer_error`); and
+:class:`SettingsMismatchError`, a setting that differs across ranks, which a
+failed wait reports instead when the ranks' published settings differ."""
 from __future__ import annotations
 
+import json
 import re
 import time
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from pyg_sar.comm import process_group
-from pyg_sar.comm.state import _CONFIG
+from pyg_sar.comm.state import _CONFIG, SHARED_SETTINGS
 
 
 class PeerError(RuntimeError):
@@ -51,6 +54,36 @@ class PeerError(RuntimeError):
 
 def _rebuild_peer_error(message: str, fields: Dict) -> PeerError:
     return PeerError(message, **fields)
+
+
+class SettingsMismatchError(ValueError):
+    """A setting that shapes messages or collectives differs across ranks
+    (raised on every rank; see :mod:`pyg_sar.comm.agreement`).
+
+    Attributes:
+        setting: The setting's name.
+        values: ``{rank: value}`` of every rank (where known).
+    """
+
+    def __init__(self, message: str, setting: Optional[str] = None,
+                 values: Optional[Dict[int, Any]] = None) -> None:
+        super().__init__(message)
+        self.setting, self.values = setting, values
+
+    def __reduce__(self):  # keep the fields through pickling
+        return (SettingsMismatchError, (str(self), self.setting, self.values))
+
+
+def describe_difference(setting: str, values: Dict[int, Any]) -> str:
+    """``"<setting> differs across ranks: rank 0 has 1024, ranks 1, 2 have
+    16777216"``: every distinct value with the ranks that hold it."""
+    holders: Dict[str, list] = {}
+    for rank, value in sorted(values.items()):
+        holders.setdefault(repr(value), []).append(rank)
+    parts = [f"rank {ranks[0]} has {value}" if len(ranks) == 1 else
+             f"ranks {', '.join(map(str, ranks))} have {value}"
+             for value, ranks in holders.items()]
+    return f"{setting} differs across ranks: {', '.join(parts)}"
 
 
 def _wait(work, what: str, peer: Optional[int] = None) -> None:
@@ -117,6 +150,51 @@ def report_failure(message: str) -> None:
         pass
 
 
+# Where every rank leaves the shared settings it last used or agreed on.
+_SETTINGS_KEY = 'pyg_sar/settings/{}'
+
+
+def publish_settings(values: Dict[str, Any]) -> None:
+    """Leaves this rank's shared settings in the rendezvous store, so that a
+    peer whose wait fails can tell a settings difference from a dead peer.
+    Best effort, like :func:`report_failure`."""
+    store = _store()
+    if store is None:
+        return
+    try:
+        store.set(_SETTINGS_KEY.format(process_group.get_rank()),
+                  json.dumps(values))
+    except Exception:
+        pass
+
+
+def _settings_mismatch(rank: int, world_size: int
+                       ) -> Optional[SettingsMismatchError]:
+    """The first shared setting whose value a peer published differs from
+    this rank's, as an error; ``None`` if all agree (or none is known)."""
+    store = _store()
+    if store is None:
+        return None
+    mine = {name: getattr(_CONFIG, name) for name in SHARED_SETTINGS}
+    published: Dict[int, Dict[str, Any]] = {rank: mine}
+    try:
+        for q in range(world_size):
+            key = _SETTINGS_KEY.format(q)
+            if q != rank and store.check([key]):
+                published[q] = json.loads(store.get(key).decode())
+    except Exception:  # the store went down with its host
+        return None
+    for name in SHARED_SETTINGS:
+        values = {q: s.get(name) for q, s in published.items()}
+        if len(set(map(repr, values.values()))) > 1:
+            return SettingsMismatchError(
+                f"rank {rank}: {describe_difference(name, values)} (found "
+                f"after a wait failed: it was changed on some ranks only; "
+                f"configure() it on every rank at the same point)",
+                name, values)
+    return None
+
+
 def _reported_failures(rank: int, world_size: int) -> Dict[int, str]:
     """``{rank: reason}`` of the peers that reported a failure."""
     store = _store()
@@ -135,13 +213,19 @@ def _reported_failures(rank: int, world_size: int) -> Dict[int, str]:
 
 def _peer_error(what: str, peer: Optional[int],
                 cause: Optional[BaseException],
-                elapsed: float) -> PeerError:
+                elapsed: float) -> Exception:
     """Builds the :class:`PeerError` of a failed wait of ``elapsed`` seconds
-    on ``what`` (a send/receive with ``peer``, or a collective)."""
+    on ``what`` (a send/receive with ``peer``, or a collective); a
+    :class:`SettingsMismatchError` instead when the ranks' published shared
+    settings differ (a rank that changed one alone waits to agree on it while
+    its peers wait on its messages, until the timeout)."""
     # Looked up on the module at call time, so that patching
     # pyg_sar.comm.process_group.get_rank / get_world_size reaches here.
     rank = process_group.get_rank()
     world_size = process_group.get_world_size()
+    mismatch = _settings_mismatch(rank, world_size)
+    if mismatch is not None:
+        return mismatch
     timeout = _CONFIG.timeout.total_seconds()
     text = str(cause) if cause is not None else ''
     address = None

@@ -6,7 +6,9 @@ of a rank, to and from every peer, are posted together, which NCCL needs
 when two ranks send to each other (ungrouped, both would block in their
 send). Messages are told apart by their order, never by tags: both sides of
 a pair post their messages in the same order, and exchanges that may overlap
-in time run on different channels (:mod:`pyg_sar.comm.channels`).
+in time run on different channels (:mod:`pyg_sar.comm.channels`). No
+exchange is posted before the ranks agree on the settings that shape it
+(:mod:`pyg_sar.comm.agreement`, :mod:`pyg_sar.comm.sequence`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pyg_sar.comm import buffers
 from pyg_sar.comm.channels import channel_group
 from pyg_sar.comm.errors import _peer_error, _wait
 from pyg_sar.comm.process_group import _comm_device
+from pyg_sar.comm.sequence import before_operation
 from pyg_sar.comm.state import _CONFIG, _STATS
 
 
@@ -79,16 +82,18 @@ def post_exchange(
         recv_shapes: ``{peer: [(shape, dtype), ...]}`` expected from each peer,
             in the order the peer sends them.
         device: Where received tensors are returned.
-        channel: ``'default'`` or a name of
-            :data:`pyg_sar.comm.channels.CHANNELS`: exchanges that may be in
-            flight at the same time between the same two ranks use different
-            channels.
+        channel: ``'default'`` (the channel of the enclosing
+            :func:`~pyg_sar.comm.on_channel`, else the world group) or a name
+            of :data:`pyg_sar.comm.channels.CHANNELS`: exchanges that may be
+            in flight at the same time between the same two ranks use
+            different channels.
 
     Both sides must post matching lists in the same order. Empty tensors are
     not sent (the receiver skips them too, since it knows their size), so a
     peer with nothing to exchange costs nothing.
     """
     device = device or torch.device('cpu')
+    before_operation()
     group = channel_group(channel)
     p2p_ops, labels, keep_alive, copy_back = [], [], [], []
     received: Dict[int, List[Tensor]] = {}

@@ -1,11 +1,12 @@
-"""Joining the process group (:func:`init_distributed`), and this worker's
-place in it."""
+"""Joining the process group (:func:`init_distributed`), this worker's place
+in it, and leaving it (:func:`destroy_groups`, also at interpreter exit)."""
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from datetime import timedelta
-from typing import Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ def init_distributed(
     from pyg_sar.utils.malloc import configure_allocator
     configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
     if dist.is_available() and dist.is_initialized():
+        _destroy_groups_at_exit()
         return dist.get_rank(), dist.get_world_size()
     env = os.environ
     if 'WORLD_SIZE' not in env or 'RANK' not in env:
@@ -65,7 +67,57 @@ def init_distributed(
         torch.cuda.set_device(int(env.get('LOCAL_RANK', rank)))
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timeout, store=_restart_store(timeout))
+    _destroy_groups_at_exit()
     return rank, world_size
+
+
+# Teardown ###################################################################
+
+# What destroys the package's own groups (channels, the control group) before
+# the default group goes: registered by the modules that make them.
+_BEFORE_TEARDOWN: List[Callable[[], None]] = []
+_AT_EXIT = {'registered': False}
+
+
+def before_teardown(destroy: Callable[[], None]) -> Callable[[], None]:
+    """Registers ``destroy`` (which destroys a module's sub-groups and
+    forgets them) to run before the default group is destroyed."""
+    _BEFORE_TEARDOWN.append(destroy)
+    return destroy
+
+
+def destroy_groups() -> None:
+    """Destroys the package's sub-groups, then the default group (local: no
+    barrier). Sub-groups go first, while the default group they were made
+    from still exists; every group's transport threads are joined here,
+    not by static destructors at interpreter exit."""
+    try:
+        for destroy in _BEFORE_TEARDOWN:
+            destroy()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _destroy_groups_at_exit() -> None:
+    """Makes interpreter exit destroy the process groups that are still up
+    (registered once). A script that never calls
+    :func:`~pyg_sar.comm.shutdown` otherwise leaves gloo's threads to
+    static destructors, which abort the finished process in some runs
+    ("terminate called without an active exception")."""
+    if not _AT_EXIT['registered']:
+        atexit.register(_teardown_at_exit)
+        _AT_EXIT['registered'] = True
+
+
+def _teardown_at_exit() -> None:
+    # No barrier: a rank that exits on an error must not wait for peers
+    # that may never come (they fail fast on the closed connections), and a
+    # finished rank has nothing left in flight (its last sends completed).
+    try:
+        destroy_groups()
+    except Exception:  # never turn a finished run into a failure
+        pass
 
 
 def _restart_store(timeout: timedelta):

@@ -44,6 +44,16 @@ class CommConfig:
             fresh pages every step (:mod:`pyg_sar.comm.buffers`).
         reuse_buffers_from: The smallest buffer (bytes) that is reused;
             smaller ones come from malloc's heap, which reuses them itself.
+
+    The settings of :data:`SHARED_SETTINGS` shape the messages themselves
+    (how a tensor is cut into messages, which rows one exchange moves), so
+    every rank must use the same values; :mod:`pyg_sar.comm.agreement`
+    compares them across ranks before any message they shape is posted and
+    refuses a difference with a :class:`~pyg_sar.comm.SettingsMismatchError`
+    on every rank. The others are local: ``timeout`` bounds this rank's
+    waits, ``pipeline_depth`` only changes when this rank posts (each pair of
+    ranks still posts its exchanges in the same order), and the edge budget
+    and buffer reuse only change this rank's memory.
     """
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024
@@ -61,6 +71,9 @@ class CommConfig:
         table = int(num_nodes) * int(row_bytes)
         return min(self.edge_memory_budget, max(1 << 20, table))
 
+
+#: The :class:`CommConfig` fields every rank must share (see there).
+SHARED_SETTINGS = ('max_bytes_per_message', 'halo_slice_bytes')
 
 _CONFIG = CommConfig()
 _STATS: Dict[str, int] = {}
@@ -101,7 +114,13 @@ def configure(timeout: Optional[timedelta] = None,
               halo_slice_bytes: Optional[int] = None,
               reuse_buffers: Optional[bool] = None,
               reuse_buffers_from: Optional[int] = None) -> CommConfig:
-    """Changes the settings of :class:`CommConfig`; ``None`` keeps one."""
+    """Changes the settings of :class:`CommConfig`; ``None`` keeps one.
+
+    Local and cheap: it may be called before the process group exists or on
+    one rank only. A change of a shared setting (:data:`SHARED_SETTINGS`) is
+    compared across ranks by the next operation of :mod:`pyg_sar.comm` (one
+    tiny collective); call it on every rank at the same point of the
+    program, with the same values."""
     if timeout is not None:
         _CONFIG.timeout = timeout
     if reuse_buffers is not None:

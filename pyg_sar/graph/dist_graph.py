@@ -48,10 +48,15 @@ def check_options(mode: str, chunk_size: Optional[int]) -> None:
                          f"(got {chunk_size!r})")
 
 
-def check_partition_set(part, sizes) -> None:
+def check_partition_set(part, sizes, options: Optional[Dict] = None) -> None:
     """Collective: every rank holds its own part of one and the same
     partitioning (``sizes``: what else must agree, e.g. node and edge
-    counts), and the world matches the part count."""
+    counts), and the world matches the part count. In the same gather, every
+    rank must have the same graph ``options`` (``{name: value}``, e.g.
+    ``mode`` and ``chunk_size``, which decide which exchanges run) and the
+    same shared communication settings (:func:`pyg_sar.comm.agree`); a
+    difference is a :class:`~pyg_sar.comm.SettingsMismatchError` naming it,
+    on every rank."""
     world_size, rank = comm.get_world_size(), comm.get_rank()
     num_parts, part_rank = int(part.num_parts), int(part.rank)
     if world_size != num_parts:
@@ -63,7 +68,7 @@ def check_partition_set(part, sizes) -> None:
         raise ValueError(f"rank {rank} was given partition {part_rank}; "
                          f"load partition {rank} on rank {rank}")
     mine = (str(part.fingerprint), num_parts, sizes)
-    everyone = comm.all_gather_object(mine)
+    everyone = comm.agree('building a DistGraph', options, mine)
     for other_rank, other in enumerate(everyone):
         if other != mine:
             raise ValueError(
@@ -138,7 +143,8 @@ class DistGraph:
         self.chunk_size = chunk_size
         self.rank = int(part.rank)
         self.world_size = int(part.num_parts)
-        check_partition_set(part, (int(part.num_nodes), int(part.num_edges)))
+        check_partition_set(part, (int(part.num_nodes), int(part.num_edges)),
+                            dict(mode=mode, chunk_size=chunk_size))
         comm.ensure_channels()
         # Input-graph id of every local node (link prediction: global_ids).
         self.orig_ids = part.orig_ids

@@ -69,7 +69,8 @@ class HeteroDistGraph(Mapping):
         self.edge_types: List[EdgeType] = [tuple(e) for e in part.edge_types]
         check_partition_set(part, (
             tuple((t, int(part[t].num_nodes)) for t in self.node_types),
-            tuple((e, int(part[e].num_edges)) for e in self.edge_types)))
+            tuple((e, int(part[e].num_edges)) for e in self.edge_types)),
+            dict(mode=mode, chunk_size=chunk_size))
         comm.ensure_channels()
         self.node_ptr_dict: Dict[str, Tensor] = {
             t: part[t].node_ptr.to(torch.long) for t in self.node_types}

@@ -161,12 +161,14 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
 
     def _agree_with_peers(self) -> int:
         shard = self.shard
-        config = (shard.fingerprint, shard.schema(),
-                  tuple((e, tuple(f)) for e, f in self.num_neighbors.items()),
-                  self.replace, self.pad_batches, self.input_type)
-        return agree_with_peers(shard, config, self.num_batches,
-                                'partition, attribute schema, num_neighbors, '
-                                'replace, pad_batches or input node type')
+        options = dict(
+            partition=shard.fingerprint, attributes=shard.schema(),
+            num_neighbors=tuple((e, tuple(f))
+                                for e, f in self.num_neighbors.items()),
+            replace=self.replace, pad_batches=self.pad_batches,
+            input_type=self.input_type)
+        return agree_with_peers(shard, options, self.num_batches,
+                                type(self).__name__)
 
     # One collective round ###################################################
 

@@ -9,7 +9,7 @@ round, and lays the result out as PyG's ``LinkNeighborLoader`` does.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -165,12 +165,11 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                              f"{list(times.shape)}")
         return times
 
-    def _extra_config(self) -> Tuple:
+    def _extra_config(self) -> Dict[str, Any]:
         neg = self.neg_sampling
-        if neg is None:
-            return (None, )
-        return (neg.mode.value, float(neg.amount), neg.src_weight is not None,
-                neg.dst_weight is not None)
+        return dict(neg_sampling=None if neg is None else (
+            neg.mode.value, float(neg.amount), neg.src_weight is not None,
+            neg.dst_weight is not None))
 
     # One batch ##############################################################
 

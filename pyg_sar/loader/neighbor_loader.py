@@ -20,6 +20,7 @@ numbers of batches, or none at all.
 """
 from __future__ import annotations
 
+import itertools
 from typing import (Any, Callable, Dict, Iterator, List, Optional,
                     Sequence, Tuple)
 
@@ -37,6 +38,10 @@ from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
                                     local_seeds, resolve, store_batch_options)
 from pyg_sar.loader.shard import edge_weight, is_hetero, schema, to_shard
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
+
+# The positions of a round in which a rank only answers its peers.
+_NO_SEEDS = torch.empty(0, dtype=torch.long)
+
 
 class DistNeighborLoader:
     r"""Mini-batches of sampled neighborhoods of a partitioned graph, drawn
@@ -69,6 +74,21 @@ class DistNeighborLoader:
     yields exactly :attr:`num_global_batches` batches, the ones past its own
     being empty (``batch_size == 0``, no nodes, no edges), so all ranks run
     the same number of optimizer steps.
+
+    Leaving a loop early (``break``, or closing the iterator; ``for``
+    closes it at ``break``) is collective too: at its next operation of
+    :mod:`pyg_sar.comm` (e.g. ``global_count`` after the loop, or the next
+    epoch), the rank first finishes the epoch, answering its peers'
+    requests without yielding, until every rank is done; so a peer that
+    goes on iterating gets all its batches, and the collective meets the
+    peers' own call. A rank that leaves on an exception and exits does not
+    wait for them (its peers fail fast, naming it). The loaders' traffic
+    runs on its own channel (:func:`pyg_sar.comm.on_channel`), so it is
+    never paired with another collective: an iterator left open on one rank
+    while it calls a collective makes both sides wait until the timeout,
+    which each reports as a :class:`~pyg_sar.comm.PeerError` naming the
+    other rank. A loop body that calls collectives must leave the loop at
+    the same step on every rank.
 
     Args:
         data (pyg_sar.Partition or (LocalFeatureStore, LocalGraphStore)):
@@ -231,18 +251,22 @@ class DistNeighborLoader:
         """Checks that all ranks are configured alike (collective) and
         returns the largest number of batches of any rank."""
         shard = self.shard
-        config = (shard.fingerprint, tuple(self.num_neighbors), self.replace,
-                  self.pad_batches, schema(shard.node_attrs),
-                  schema(shard.edge_attrs), self.subgraph_type,
-                  self.weight_attr, self.disjoint, self.time_attr,
-                  self.temporal_strategy, self._extra_config())
-        return agree_with_peers(shard, config, self.num_batches,
-                                'partition, num_neighbors, replace, '
-                                'pad_batches or attribute schema')
+        options = dict(
+            partition=shard.fingerprint,
+            num_neighbors=tuple(self.num_neighbors), replace=self.replace,
+            pad_batches=self.pad_batches,
+            node_attributes=schema(shard.node_attrs),
+            edge_attributes=schema(shard.edge_attrs),
+            subgraph_type=self.subgraph_type, weight_attr=self.weight_attr,
+            disjoint=self.disjoint, time_attr=self.time_attr,
+            temporal_strategy=self.temporal_strategy, **self._extra_config())
+        return agree_with_peers(shard, options, self.num_batches,
+                                type(self).__name__)
 
-    def _extra_config(self) -> Tuple:
-        """Further settings every rank must share (subclasses)."""
-        return ()
+    def _extra_config(self) -> Dict[str, Any]:
+        """Further options every rank must share, ``{name: value}``
+        (subclasses)."""
+        return {}
 
     # Iteration ##############################################################
 
@@ -254,9 +278,10 @@ class DistNeighborLoader:
     def __iter__(self) -> Iterator[Data]:
         if self._epoch_running and self.world_size > 1:
             raise RuntimeError(
-                'a new epoch was started before the previous one finished on '
-                'this rank; its peers would wait forever. Iterate every epoch '
-                'to the end (no break) on every rank')
+                'a new epoch was started while an iterator of the previous '
+                'one is still open on this rank (neither exhausted nor '
+                'closed); its peers would wait forever. Iterate it to the '
+                'end or close it (a for loop closes it at break)')
         return self._epoch()
 
     def _seed_times(self, input_time: Optional[Tensor],
@@ -279,28 +304,47 @@ class DistNeighborLoader:
 
     def _epoch(self) -> Iterator[Data]:
         self._epoch_running = True
+        try:
+            batches = self._own_batches()
+            for index in itertools.count():
+                own = batches[index] if index < len(batches) else None
+                batch = self._round(own, len(batches) - index)
+                if batch is None:  # every rank is done
+                    return
+                if own is not None or self.pad_batches:
+                    if self.device is not None:
+                        batch = batch.to(self.device)
+                    yield self.transform(batch) if self.transform else batch
+        except GeneratorExit:  # left early: the peers' rounds go on
+            comm.finish_before_next_operation(self._finish_epoch)
+            raise
+        finally:
+            self._epoch_running = False
+
+    def _finish_epoch(self) -> None:
+        """Answers the peers' requests, with no seeds of this rank, until no
+        rank has batches left (an epoch left early)."""
+        while self._round(None, 0) is not None:
+            pass
+
+    def _own_batches(self) -> List[Tensor]:
+        """This rank's seed positions of the epoch, one tensor per batch."""
         num_inputs = self.input_nodes.numel()
         positions = torch.arange(num_inputs)
         if self.shuffle:
             positions = torch.randperm(num_inputs, generator=self.generator)
-        batches = list(positions.split(self.batch_size))
-        batches = batches[:self.num_batches]
-        round_index = 0
-        while True:
-            own = batches[round_index] if round_index < len(batches) else None
-            remaining = torch.tensor([len(batches) - round_index],
-                                     dtype=torch.long).clamp_(min=0)
-            if int(comm.all_reduce(remaining, 'sum')[0]) == 0:
-                break
-            round_index += 1
-            if own is None:
-                own = positions[:0]
-            batch = self._batch(own)
-            if own.numel() > 0 or self.pad_batches:
-                if self.device is not None:
-                    batch = batch.to(self.device)
-                yield self.transform(batch) if self.transform else batch
-        self._epoch_running = False
+        return list(positions.split(self.batch_size))[:self.num_batches]
+
+    def _round(self, own: Optional[Tensor], remaining: int) -> Optional[Data]:
+        """One collective round on the loaders' channel: the batch of the
+        positions ``own`` (``None``: no seeds, only the peers' requests
+        answered), or ``None`` when no rank has batches left (``remaining``:
+        this rank's)."""
+        with comm.on_channel('loader'):
+            left = torch.tensor([max(remaining, 0)], dtype=torch.long)
+            if int(comm.all_reduce(left, 'sum')[0]) == 0:
+                return None
+            return self._batch(_NO_SEEDS if own is None else own)
 
     # One collective round ###################################################
 

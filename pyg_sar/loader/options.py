@@ -224,12 +224,16 @@ def local_seeds(nodes: Any, start: int, count: int, rank: int, kind: str,
     return ids
 
 
-def agree_with_peers(shard: Any, config: Any, num_batches: int,
-                     settings: str) -> int:
+def agree_with_peers(shard: Any, options: Dict[str, Any], num_batches: int,
+                     what: str = 'DistNeighborLoader') -> int:
     """Checks (collectively) that this rank holds part ``rank`` of as many
-    parts as there are ranks and that every rank built its loader with the
-    same ``config`` (``settings`` names its fields in the message); returns
-    the largest number of batches of any rank."""
+    parts as there are ranks and that every rank built its loader (``what``)
+    with the same ``options`` (``{name: value}``: the partition and every
+    option that decides which messages a round exchanges) and the same
+    shared communication settings; a difference is a
+    :class:`~pyg_sar.comm.SettingsMismatchError` naming it, on every rank.
+    Prepares the loaders' channel and returns the largest number of batches
+    of any rank."""
     from pyg_sar import comm
     world_size, rank = comm.get_world_size(), comm.get_rank()
     if world_size != shard.num_parts or rank != shard.rank:
@@ -237,11 +241,6 @@ def agree_with_peers(shard: Any, config: Any, num_batches: int,
             f"rank {rank} of {world_size} was given part {shard.rank} of "
             f"{shard.num_parts}; launch one worker per part and load "
             f"part r on rank r")
-    everyone = comm.all_gather_object((config, num_batches))
-    for other_rank, (other, _) in enumerate(everyone):
-        if other != config:
-            raise ValueError(
-                f"rank {rank} and rank {other_rank} built "
-                f"DistNeighborLoaders that disagree on {settings}: "
-                f"{config} vs {other}")
-    return max(n for _, n in everyone)
+    everyone = comm.agree(f'building a {what}', options, num_batches)
+    comm.ensure_channels(('loader', ))
+    return max(everyone)

@@ -228,9 +228,9 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
     message = (f"to_distributed: {cls.__name__}{where} {what}; supported "
                f"layers: pyg_sar.nn.convert.convertible()")
     if isinstance(module, MessagePassing) and cls not in _CONV_CLASSES:
-        message += (f"; a layer of your own runs distributed when it "
-                    f"subclasses pyg_sar.nn.DistMessagePassing instead of "
-                    f"MessagePassing")
+        message += ("; a layer of your own runs distributed when it "
+                    "subclasses pyg_sar.nn.DistMessagePassing instead of "
+                    "MessagePassing")
     if strict:
         raise ValueError(message)
     warnings.warn(message + ' (left unchanged: strict=False)')
