@@ -33,8 +33,18 @@ def test_version_and_help_are_fast_and_torch_free(capsys):
 
 
 def test_public_constructors_show_their_real_signatures():
+    from pyg_sar.loader import (DistHeteroNeighborLoader,
+                                DistLinkNeighborLoader, DistNeighborLoader)
     graph = inspect.signature(pyg_sar.DistGraph)
     assert list(graph.parameters) == ['part', 'mode', 'chunk_size', 'device']
+    for cls in (DistNeighborLoader, DistHeteroNeighborLoader):
+        names = list(inspect.signature(cls).parameters)
+        assert names[:5] == ['data', 'num_neighbors', 'input_nodes',
+                             'batch_size', 'shuffle'], names
+        assert 'subgraph_type' in names and 'disjoint' in names
+    link = list(inspect.signature(DistLinkNeighborLoader).parameters)
+    assert link[:4] == ['data', 'num_neighbors', 'edge_label_index',
+                        'edge_label'], link
 
 
 @pytest.fixture(scope='module')

@@ -34,7 +34,6 @@ from sphinx.addnodes import pending_xref
 from sphinx.application import Sphinx
 from sphinx.environment import BuildEnvironment
 from sphinx.util.docutils import SphinxDirective
-from sphinx.util.inspect import stringify_signature
 from sphinx.util.parsing import nested_parse_to_nodes
 
 # A constant whose value would not fit on a line or two is described by its
@@ -188,55 +187,6 @@ def drop_type_docstring(app: Sphinx, what: str, name: str, obj: Any,
         lines.clear()
 
 
-# Loader constructors #########################################################
-#
-# The loaders take ``(data, num_neighbors, *args, **kwargs)`` because they
-# accept two positional orders, pyg_sar's and PyG's distributed loaders'
-# (pyg_sar.loader.options), and ``__new__`` picks the heterogeneous loader
-# for a heterogeneous part. Their entries show pyg_sar's own order with its
-# defaults, then every other option keyword-only, all read from the code.
-
-
-def _loader_signature(cls: type) -> Optional[inspect.Signature]:
-    from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
-    from pyg_sar.loader import options
-    if not (inspect.isclass(cls) and issubclass(cls, DistNeighborLoader)):
-        return None
-    if issubclass(cls, DistLinkNeighborLoader):
-        order, pyg_order = options.LINK_ORDER, options.PYG_LINK_ORDER
-    else:
-        order, pyg_order = options.NODE_ORDER, options.PYG_NODE_ORDER
-    # With no arguments, the options the loader accepts and their defaults.
-    accepted = options.resolve(cls.__name__, (), {}, order, pyg_order)
-    setup = inspect.signature(cls._setup).parameters
-
-    def param(name: str, kind: Any) -> inspect.Parameter:
-        typed = setup.get(name)
-        return inspect.Parameter(
-            name, kind, default=accepted.get(name, inspect.Parameter.empty),
-            annotation=inspect.Parameter.empty if typed is None
-            else typed.annotation)
-
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    return inspect.Signature(
-        [param(name, positional) for name in ('data', 'num_neighbors')]
-        + [param(name, positional) for name in order]
-        + [param(name, inspect.Parameter.KEYWORD_ONLY)
-           for name in accepted if name not in order])
-
-
-def loader_signature(app: Sphinx, what: str, name: str, obj: Any,
-                     options: Any, signature: Optional[str],
-                     return_annotation: Optional[str]) -> Optional[tuple]:
-    sig = _loader_signature(obj) if what == 'class' else None
-    if sig is None:
-        return None
-    text = stringify_signature(
-        sig, unqualified_typehints=app.config.autodoc_typehints_format
-        == 'short')
-    return text, return_annotation
-
-
 # References by another public path ##########################################
 
 
@@ -348,7 +298,6 @@ def setup(app: Sphinx) -> Dict[str, Any]:
     app.setup_extension('sphinx.ext.autosummary')
     app.add_directive('pyg-sar-api', ApiDirective)
     app.connect('autodoc-process-docstring', drop_type_docstring)
-    app.connect('autodoc-process-signature', loader_signature)
     app.connect('env-updated', _forget_documented)
     app.connect('missing-reference', resolve_alias)
     return {'version': '1.0', 'parallel_read_safe': True,

@@ -28,8 +28,10 @@ from pyg_sar.loader.hetero_batch import hetero_batch
 from pyg_sar.loader.hetero_shard import EdgeType, HeteroShard, to_hetero_shard
 from pyg_sar.loader.neighbor_loader import (DistNeighborLoader,
                                             _check_num_neighbors)
-from pyg_sar.loader.options import (agree_with_peers, count_batches_and_seed,
-                                    local_seeds, store_batch_options)
+from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
+                                    agree_with_peers, constructor_signature,
+                                    count_batches_and_seed, local_seeds,
+                                    store_batch_options)
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
 
@@ -380,3 +382,6 @@ def _hetero_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
 
 
 DistNeighborLoader._kinds['hetero'] = DistHeteroNeighborLoader
+
+DistHeteroNeighborLoader.__signature__ = constructor_signature(
+    DistHeteroNeighborLoader, NODE_ORDER, PYG_NODE_ORDER)

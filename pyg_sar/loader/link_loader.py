@@ -16,7 +16,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
-from pyg_sar.loader.options import LINK_ORDER, PYG_LINK_ORDER, resolve
+from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
+                                    constructor_signature, resolve)
 
 
 def _negative_sampling(neg_sampling, neg_sampling_ratio):
@@ -290,3 +291,6 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                 f'neg_sampling={self.neg_sampling}, '
                 f'batch_size={self.batch_size}, '
                 f'num_batches={self.num_batches})')
+
+DistLinkNeighborLoader.__signature__ = constructor_signature(
+    DistLinkNeighborLoader, LINK_ORDER, PYG_LINK_ORDER)

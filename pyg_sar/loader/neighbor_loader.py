@@ -34,8 +34,9 @@ from pyg_sar.loader.batch_parts import (_INT32_MAX, _bidirectional,
                                         _first_seen_absent, _group_by_owner,
                                         fetch_attributes)
 from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
-                                    agree_with_peers, count_batches_and_seed,
-                                    local_seeds, resolve, store_batch_options)
+                                    agree_with_peers, constructor_signature,
+                                    count_batches_and_seed, local_seeds,
+                                    resolve, store_batch_options)
 from pyg_sar.loader.shard import edge_weight, is_hetero, schema, to_shard
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
 
@@ -509,3 +510,6 @@ def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
                              f"or -1 for all neighbors (got {fanout!r})")
         out.append(int(fanout))
     return out
+
+DistNeighborLoader.__signature__ = constructor_signature(
+    DistNeighborLoader, NODE_ORDER, PYG_NODE_ORDER)

@@ -12,6 +12,7 @@ with an error naming them.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -244,3 +245,33 @@ def agree_with_peers(shard: Any, options: Dict[str, Any], num_batches: int,
     everyone = comm.agree(f'building a {what}', options, num_batches)
     comm.ensure_channels(('loader', ))
     return max(everyone)
+
+
+def constructor_signature(cls: type, order: Sequence[str],
+                          pyg_order: Sequence[str]) -> inspect.Signature:
+    """The signature ``help()`` and the docs show for a loader class.
+
+    The loaders take ``(data, num_neighbors, *args, **kwargs)`` because they
+    accept two positional orders (pyg_sar's ``order`` and PyG's
+    ``pyg_order``, see :func:`resolve`) and ``__new__`` picks the
+    heterogeneous loader for a heterogeneous part. This is pyg_sar's order
+    with its defaults, then every other accepted option keyword-only, with
+    the annotations of ``cls._setup``.
+    """
+    accepted = resolve(cls.__name__, (), {}, order, pyg_order)
+    setup = inspect.signature(cls._setup).parameters
+
+    def param(name: str, kind: Any) -> inspect.Parameter:
+        typed = setup.get(name)
+        return inspect.Parameter(
+            name, kind, default=accepted.get(name, inspect.Parameter.empty),
+            annotation=inspect.Parameter.empty if typed is None
+            else typed.annotation)
+
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature(
+        [param(name, positional) for name in ('data', 'num_neighbors')]
+        + [param(name, positional) for name in order]
+        + [param(name, inspect.Parameter.KEYWORD_ONLY)
+           for name in accepted if name not in order])
+
