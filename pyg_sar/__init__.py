@@ -7,7 +7,8 @@ stage; a stage imports only earlier ones (``tests/test_layout.py`` checks):
 1. :mod:`pyg_sar.partition`: partition a graph on one machine, read a part.
 2. :mod:`pyg_sar.comm`: every ``torch.distributed`` call, with timeouts.
 3. :mod:`pyg_sar.graph`: :class:`DistGraph`, the exchange plan and its views.
-4. :mod:`pyg_sar.nn`: layers on the SAR engine, :func:`~pyg_sar.nn.to_distributed`.
+4. :mod:`pyg_sar.nn`: layers on the SAR engine,
+   :func:`~pyg_sar.nn.to_distributed`.
 5. :mod:`pyg_sar.loader`: distributed neighbor sampling.
 6. :mod:`pyg_sar.train`: the training loop, checkpoints, run logs.
 7. :mod:`pyg_sar.datasets`: the synthetic graphs and PyG's real ones.

@@ -1,5 +1,5 @@
-"""All relations of a :class:`~pyg_sar.graph.hetero_graph.HeteroDistGraph` as one
-bipartite :class:`~pyg_sar.DistGraph`: what layers that normalize over every
+"""All relations of a
+:class:`~pyg_sar.graph.hetero_graph.HeteroDistGraph` as one bipartite :class:`~pyg_sar.DistGraph`: what layers that normalize over every
 in-edge of a node across relations (``HGTConv``'s softmax) aggregate over.
 
 The merged graph's destinations are the local nodes of every node type,

@@ -52,8 +52,8 @@ def _check_range(ids: Tensor, bound: int, what: str) -> None:
 
 
 def node_plan(graph, ids: Tensor) -> RowPlan:
-    """The :class:`~pyg_sar.graph.exchange.RowPlan` that reads the rows of global
-    node ids ``ids`` (any order, repeats allowed) from their owners.
+    """The :class:`~pyg_sar.graph.exchange.RowPlan` that reads the rows of
+    global node ids ``ids`` (any order, repeats allowed) from their owners.
     Collective."""
     ids = ids.to(graph.device).long().view(-1)
     _check_range(ids, graph.num_global_nodes, 'ids')

@@ -30,8 +30,8 @@ class RGCNConv(DistMessagePassing):
     block-diagonal decompositions included.
 
     All relations are aggregated in one propagation over the graph's
-    relation-expanded view (:mod:`pyg_sar.graph.relation_view`): one halo exchange
-    per layer, whatever the number of relations.
+    relation-expanded view (:mod:`pyg_sar.graph.relation_view`): one halo
+    exchange per layer, whatever the number of relations.
 
     Args:
         in_channels (int or tuple): Size of each input sample (for
