@@ -30,6 +30,11 @@ def file_digest(f: BinaryIO) -> str:
     return hashlib.file_digest(f, HASH_ALGORITHM).hexdigest()
 
 
+def bytes_digest(data: bytes) -> str:
+    """The hex :obj:`HASH_ALGORITHM` digest of bytes already in memory."""
+    return hashlib.new(HASH_ALGORITHM, data).hexdigest()
+
+
 def _describe(path: str) -> Dict[str, object]:
     with open(path, 'rb') as f:
         size = os.fstat(f.fileno()).st_size

@@ -4,7 +4,6 @@ homogeneous and the heterogeneous loader: the manifest's format is checked
 (inside the partition directory, ``torch.load(weights_only=True)``, its
 content hash checked against the manifest) and every mismatch with the
 manifest is an error naming the file."""
-import hashlib
 import json
 import os.path as osp
 import posixpath
@@ -13,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.digest import HASH_ALGORITHM, file_digest
+from pyg_sar.partition.digest import (HASH_ALGORITHM, bytes_digest,
+                                      file_digest)
 from pyg_sar.partition.layout import (FORMAT_NAME, FORMAT_VERSION,
                                       MANIFEST_FILE, _part_dir)
 
@@ -229,8 +229,7 @@ class PartFiles:
 
     def check_bytes(self, name: str, raw: bytes) -> None:
         r"""Checks the already read bytes :obj:`raw` of :obj:`name`."""
-        self._compare(name, len(raw),
-                      hashlib.new(HASH_ALGORITHM, raw).hexdigest())
+        self._compare(name, len(raw), bytes_digest(raw))
 
     def load(self, name: Any, field: Optional[str] = None) -> Any:
         r"""Reads :obj:`name` with :obj:`torch.load(weights_only=True)`,

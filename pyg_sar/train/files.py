@@ -13,14 +13,13 @@ One place for what every writer and reader of :mod:`pyg_sar.train` shares:
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import os.path as osp
 import tempfile
 from typing import BinaryIO, Callable, Tuple
 
 from pyg_sar.partition import digest
-from pyg_sar.partition.digest import HASH_ALGORITHM, hash_tree
+from pyg_sar.partition.digest import HASH_ALGORITHM, bytes_digest, hash_tree
 
 __all__ = ['HASH_ALGORITHM', 'hash_tree', 'file_digest', 'bytes_digest',
            'fsync_dir', 'write_atomically', 'write_text_atomically',
@@ -81,11 +80,6 @@ def write_text_atomically(path: str, text: str) -> None:
 
 
 # Content hashes ##############################################################
-
-def bytes_digest(data: bytes) -> str:
-    """The ``HASH_ALGORITHM`` hex digest of ``data``."""
-    return hashlib.new(HASH_ALGORITHM, data).hexdigest()
-
 
 def file_digest(path: str) -> Tuple[int, str]:
     """``(size in bytes, HASH_ALGORITHM hex digest)`` of the file
