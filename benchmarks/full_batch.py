@@ -54,7 +54,7 @@ HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
 from _common import add_internal_args, run_script, write_results  # noqa: E402
 REPO = osp.dirname(HERE)
-GRAPHS = {'sage': 200_000, 'gat': 100_000}
+GRAPHS = {'sage': 200_000, 'gat': 200_000}
 HIDDEN = {'sage': 256, 'gat': 128}
 NO_CUT = 'pyg_sar, no cut'
 
@@ -66,8 +66,49 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+BUSY = 'import time\nend = time.time() + {s}\nwhile time.time() < end: pass'
+
+
+def busy(k: int, seconds: float) -> List[subprocess.Popen]:
+    """``k`` CPU-bound Python loops (``--contention``): other jobs on the
+    cores, as on a shared node; each ends by itself after ``seconds``."""
+    return [subprocess.Popen([sys.executable, '-c', BUSY.format(s=seconds)])
+            for _ in range(k)]
+
+
+def stop(procs: List[subprocess.Popen]) -> None:
+    for proc in procs:  # our own children only
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def launch_dgl(python: str, worker_args: List[str], work: str,
+               timeout_s: float,
+               extra_env: Optional[dict] = None) -> List[dict]:
+    """One plain-DGL process (``dgl_worker.py`` in the DGL venv)."""
+    path = osp.join(work, 'result_dgl.json')
+    if osp.exists(path):
+        os.remove(path)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    env.update(OMP_NUM_THREADS='2', MKL_NUM_THREADS='2', DGLBACKEND='pytorch')
+    env.update(extra_env or {})
+    proc = subprocess.run([python, osp.join(HERE, 'dgl_worker.py'),
+                           '--result', path, *worker_args], env=env,
+                          cwd=work, timeout=timeout_s)
+    if proc.returncode or not osp.exists(path):
+        raise RuntimeError(f'the DGL worker failed: {worker_args}')
+    with open(path) as f:
+        out = json.load(f)
+    out.setdefault('graph_mib', 0.0)
+    out.setdefault('epoch_peak_mib', out['peak_over_loaded_mib'])
+    out.setdefault('floor_mib', 0.0)
+    return [out]
+
+
 def launch(worker_args: List[str], world_size: int, work: str,
-           code: str, timeout_s: float) -> List[dict]:
+           code: str, timeout_s: float,
+           extra_env: Optional[dict] = None) -> List[dict]:
     """``world_size`` fresh workers importing pyg_sar from ``code``."""
     port, procs, paths = _free_port(), [], []
     for rank in range(world_size):
@@ -77,6 +118,7 @@ def launch(worker_args: List[str], world_size: int, work: str,
         threads = str(max(1, 2 // world_size))
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONPATH=code, PYG_SAR_BENCH_CODE=code)
+        env.update(extra_env or {})
         if world_size > 1:
             env.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                        LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
@@ -125,18 +167,33 @@ def summarize(name: str, code: str, results: List[dict]) -> dict:
         sys_s=sum(r.get('sys_s', 0.0) for r in results),
         sent_mib=max(r.get('sent_mib', 0.0) for r in results),
         floor_mib=max(r['floor_mib'] for r in results),
+        # The compute floor of the slowest worker's shapes (floor.py), and
+        # the profiled epoch's breakdown of that worker.
+        floor_s=max((r['floor']['total'] for r in results if 'floor' in r),
+                    default=None),
+        floor=max((r['floor'] for r in results if 'floor' in r),
+                  key=lambda f: f['total'], default=None),
+        breakdown=max((r['breakdown'] for r in results
+                       if 'breakdown' in r),
+                      key=lambda b: b['profiled_s'], default=None),
         per_rank=results)
 
 
 def prepare(args: argparse.Namespace) -> None:
     """(subprocess) Generates and partitions one graph."""
     import torch
-    from pyg_sar import datasets, partition_graph
+    from pyg_sar import partition_graph
     data = _components(args.num_nodes, args.components)
     out = dict(data=osp.join(args.work_dir, 'data.pt'),
                num_nodes=data.num_nodes, num_edges=data.num_edges,
                num_classes=int(data.y.max()) + 1, parts={}, edge_cut={})
     torch.save(data, out['data'])
+    # The same tensors for the DGL venv (another torch: plain arrays).
+    import numpy as np
+    out['npz'] = osp.join(args.work_dir, 'data.npz')
+    np.savez(out['npz'], src=data.edge_index[0].numpy(),
+             dst=data.edge_index[1].numpy(), x=data.x.numpy(),
+             y=data.y.numpy(), train_mask=data.train_mask.numpy())
     for n in map(int, args.workers.split(',')):
         path = osp.join(args.work_dir, f'parts_{n}')
         info = partition_graph(data, n, path, progress=False, overwrite=True)
@@ -175,8 +232,9 @@ def _prepare(num_nodes: int, work: str, counts: List[int],
         # A work dir prepared for other worker counts: partition for the
         # union (a count it lacks would otherwise be skipped silently).
         with open(info) as f:
-            have = {int(k) for k in json.load(f)['parts']}
-        if not set(counts) <= have:
+            old = json.load(f)
+        have = {int(k) for k in old['parts']}
+        if not set(counts) <= have or 'npz' not in old:
             counts = sorted(have | set(counts))
             os.remove(info)
     if not osp.exists(info):
@@ -215,7 +273,7 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
             graph = _user_parts(args.part_dir)
             graph['num_classes'] = graph['num_classes'] or args.num_classes
         else:
-            nodes = 2_000 if args.quick else GRAPHS[model]
+            nodes = 2_000 if args.quick else args.nodes or GRAPHS[model]
             graph = _prepare(nodes, osp.join(work, f'graph_{nodes}'), counts)
             print(f"{model}: synthetic graph {graph['num_nodes']:,} nodes, "
                   f"{graph['num_edges']:,} edges", flush=True)
@@ -233,8 +291,14 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
         common = ['--model', model, '--hidden', str(hidden), '--heads',
                   str(args.heads), '--layers', str(args.layers), '--epochs',
                   str(args.epochs), '--timeout', str(args.timeout),
-                  '--num-classes', str(graph['num_classes'])]
+                  '--num-classes', str(graph['num_classes'])] + \
+            (['--no-floor'] if args.no_floor else [])
         configs = []
+        if graph['data'] and args.dgl:
+            configs.append(('DGL', 1, args.dgl, [
+                '--data', graph['npz'], '--model', model, '--hidden',
+                str(hidden), '--heads', str(args.heads), '--layers',
+                str(args.layers), '--epochs', str(args.epochs)]))
         if graph['data'] and not args.no_stock:
             configs.append(('stock PyG', 1, REPO,
                             ['--impl', 'pyg', '--data', graph['data']]))
@@ -248,50 +312,91 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
             if bound:
                 configs.append((NO_CUT, n, REPO, [
                     '--impl', 'sar', '--parts', bound['parts'][n]]))
-        for name, n, code, extra in configs:
-            start = time.perf_counter()
-            row = summarize(name, code, launch(common + extra, n, work, code,
-                                               args.timeout * 4))
-            row['hidden'] = hidden
+        all_env = dict(kv.split('=', 1) for kv in args.env)
+        sar_env = dict(all_env, **dict(kv.split('=', 1)
+                                       for kv in args.sar_env))
+        # Interleaved: every round runs every system once at every
+        # contention level; a row keeps the median round.
+        runs = {}
+        for _ in range(args.rounds):
+            for k in map(int, str(args.contention).split(',')):
+                for name, n, code, extra in configs:
+                    start = time.perf_counter()
+                    load = os.getloadavg()[0]
+                    others = busy(k, args.timeout * 4)
+                    try:
+                        if name == 'DGL':
+                            results = launch_dgl(code, extra, work,
+                                                 args.timeout * 4, all_env)
+                        else:
+                            results = launch(common + extra, n, work, code,
+                                             args.timeout * 4,
+                                             all_env if name == 'stock PyG'
+                                             else sar_env)
+                    finally:
+                        stop(others)
+                    row = summarize(name, code, results)
+                    row.update(hidden=hidden, contention=k, load_before=load,
+                               load_after=os.getloadavg()[0])
+                    runs.setdefault((name, n, k), []).append(row)
+                    floor = (f", floor {row['floor_s']:.2f}s "
+                             f"({row['epoch_s'] / row['floor_s']:.2f}x)"
+                             if row['floor_s'] else '')
+                    print(f"[{time.perf_counter() - start:6.1f}s] {model} "
+                          f"{name} N={n} contention {k}: "
+                          f"{row['mem_mib']:,.0f} MiB per worker, epoch "
+                          f"{row['epoch_s']:.2f}s{floor}, load "
+                          f"{load:.1f}", flush=True)
+        for same in runs.values():
+            same.sort(key=lambda r: r['epoch_s'])
+            row = dict(same[len(same) // 2])
+            row['epoch_rounds_s'] = [r['epoch_s'] for r in same]
             rows.append(row)
-            print(f"[{time.perf_counter() - start:6.1f}s] {model} {name} "
-                  f"N={n}: {row['mem_mib']:,.0f} MiB per worker, epoch "
-                  f"{row['epoch_s']:.2f}s", flush=True)
     return rows
 
 
 # Report ######################################################################
 
-def _get(rows, model, name, n=1) -> Optional[dict]:
+def _get(rows, model, name, n=1, contention=0) -> Optional[dict]:
     for r in rows:
-        if r['model'] == model and r['name'] == name and r['workers'] == n:
+        if r['model'] == model and r['name'] == name and \
+                r['workers'] == n and r.get('contention', 0) == contention:
             return r
     return None
 
 
 def print_table(rows: List[dict]) -> None:
-    head = (f"{'model':<6}{'system':<19}{'N':>3}{'MiB/wkr':>9}{'graph':>7}"
+    head = (f"{'model':<6}{'system':<19}{'N':>3}{'K':>3}{'MiB/wkr':>9}"
+            f"{'graph':>7}"
             f"{'epoch pk':>9}{'floor':>7}{'/floor':>7}{'N1/N':>6}"
             f"{'stock/':>7}{'epoch s':>8}{'CPU s':>7}{'sys s':>6}"
-            f"{'sent':>6}{'vs cmp':>14}")
+            f"{'sent':>6}{'floor s':>8}{'ep/fl':>6}{'/DGL':>6}"
+            f"{'K/K0':>6}{'vs cmp':>14}")
     print(head)
     print('-' * len(head))
     for r in rows:
+        k = r.get('contention', 0)
         one = _get(rows, r['model'], r['name'], 1)
         stock = _get(rows, r['model'], 'stock PyG')
+        dgl = _get(rows, r['model'], 'DGL', 1, k)
+        quiet = _get(rows, r['model'], r['name'], r['workers'])
+        floor = r.get('floor_s') or 0
         cmp_row = _get(rows, r['model'], 'pyg_sar (compare)', r['workers'])
         vs = '-'
         if r['name'] == 'pyg_sar' and cmp_row:
             vs = (f"{r['mem_mib'] / cmp_row['mem_mib']:.2f}x "
                   f"{r['epoch_s'] / cmp_row['epoch_s']:.2f}x")
-        print(f"{r['model']:<6}{r['name']:<19}{r['workers']:>3}"
+        print(f"{r['model']:<6}{r['name']:<19}{r['workers']:>3}{k:>3}"
               f"{r['mem_mib']:>9,.0f}{r['graph_mib']:>7,.0f}"
               f"{r['epoch_peak_mib']:>9,.0f}{r['floor_mib']:>7,.0f}"
-              f"{r['mem_mib'] / r['floor_mib']:>7.2f}"
+              f"{r['mem_mib'] / (r['floor_mib'] or math.inf):>7.2f}"
               f"{(one['mem_mib'] / r['mem_mib'] if one else 0):>6.2f}"
               f"{(stock['mem_mib'] / r['mem_mib'] if stock else 0):>7.2f}"
               f"{r['epoch_s']:>8.2f}{r.get('cpu_s', 0):>7.2f}"
               f"{r.get('sys_s', 0):>6.2f}{r.get('sent_mib', 0):>6.0f}"
+              f"{floor:>8.2f}{(r['epoch_s'] / floor if floor else 0):>6.2f}"
+              f"{(r['epoch_s'] / dgl['epoch_s'] if dgl else 0):>6.2f}"
+              f"{(r['epoch_s'] / quiet['epoch_s'] if quiet else 0):>6.2f}"
               f"{vs:>14}")
     print("MiB/wkr: peak RSS over the RSS after loading, worst worker; "
           "graph: DistGraph index state; epoch pk: worst one-epoch peak over "
@@ -299,7 +404,11 @@ def print_table(rows: List[dict]) -> None:
           "N1/N: memory at N=1 over this row; stock/: stock PyG over this "
           "row; CPU s / sys s: user + system / system CPU seconds of one "
           "epoch, all workers together; sent: MiB one worker sent in an "
-          "epoch (most of any); vs cmp: memory and time over the --compare "
+          "epoch (most of any); K: busy processes beside it (--contention);"
+          " floor s: the model's unavoidable kernels at the largest part's "
+          "shapes (floor.py), ep/fl: epoch over it; /DGL: epoch over plain "
+          "DGL's at the same K; K/K0: epoch over its own at K=0 (the "
+          "contention slowdown); vs cmp: memory and time over the --compare "
           "code at the same N. Shared 2-core machine: times are noisy, "
           "compare ratios taken in one run.")
 
@@ -330,11 +439,31 @@ def check_targets(rows: List[dict]) -> List[dict]:
     if sage4:
         add('sage: N=4 MiB per worker <= 390', sage4['mem_mib'], 390,
             sage4['mem_mib'] <= 390)
-    stock, gat4 = _get(rows, 'gat', 'stock PyG'), _get(rows, 'gat',
-                                                       'pyg_sar', 4)
-    if stock and gat4:
-        ratio = stock['mem_mib'] / gat4['mem_mib']
-        add('gat: stock PyG / N=4 >= 8', ratio, 8, ratio >= 8)
+    # Issue #29: the floor, plain DGL, the contention slowdown, N=4 / N=1.
+    for model, floor_x, dgl_x in (('sage', 1.5, 0.7), ('gat', 2.0, 0.5)):
+        one, four = _get(rows, model, 'pyg_sar', 1), \
+            _get(rows, model, 'pyg_sar', 4)
+        dgl = _get(rows, model, 'DGL')
+        if one and one.get('floor_s'):
+            ratio = one['epoch_s'] / one['floor_s']
+            add(f'{model}: N=1 epoch / floor <= {floor_x}', ratio, floor_x,
+                ratio <= floor_x)
+        if one and dgl:
+            ratio = one['epoch_s'] / dgl['epoch_s']
+            add(f'{model}: N=1 epoch / DGL <= {dgl_x}', ratio, dgl_x,
+                ratio <= dgl_x)
+        if one and four:
+            ratio = four['epoch_s'] / one['epoch_s']
+            add(f'{model}: epoch N=4 / N=1 <= 1.1', ratio, 1.1, ratio <= 1.1)
+        levels = {r.get('contention', 0) for r in rows} - {0}
+        for k in sorted(levels):
+            ours, theirs = _get(rows, model, 'pyg_sar', 1, k), \
+                _get(rows, model, 'DGL', 1, k)
+            if one and dgl and ours and theirs:
+                mine = ours['epoch_s'] / one['epoch_s']
+                limit = round(theirs['epoch_s'] / dgl['epoch_s'], 2)
+                add(f'{model}: N=1 slowdown at K={k} <= DGL\'s', mine, limit,
+                    mine <= limit)
     for c in checks:
         print(f"{'PASS' if c['ok'] else 'FAIL'}  {c['target']}: "
               f"{c['value']} (limit {c['limit']})")
@@ -372,7 +501,7 @@ def plot(rows: List[dict], path: str) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     models = sorted({r['model'] for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     styles = {'pyg_sar': 'o-', 'pyg_sar (compare)': 's--', NO_CUT: '^:'}
     for model, color in zip(models, ('tab:blue', 'tab:orange', 'tab:green')):
         for name, style in styles.items():
@@ -397,12 +526,52 @@ def plot(rows: List[dict], path: str) -> None:
     axes[0].set(xlabel='workers', ylabel='MiB per worker (peak over loaded)',
                 title='memory', yscale='log')
     axes[1].set(xlabel='workers', ylabel='seconds', title='median epoch')
-    for ax in axes:
+    for ax in axes[:2]:
         ax.set_xticks([1, 2, 4])
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
+    _plot_breakdown(axes[2], rows)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+PARTS = ('dense', 'sparse', 'attention', 'exchange', 'elementwise',
+         'python_alloc')
+
+
+def _plot_breakdown(ax, rows: List[dict]) -> None:
+    """Stacked bars: the profiled epoch by category beside the floor (its
+    dense, sparse and attention kernels), pyg_sar at K=0, and DGL."""
+    bars = [r for r in rows if r['name'] == 'pyg_sar' and
+            r.get('contention', 0) == 0 and r.get('breakdown')]
+    colors = dict(dense='tab:blue', sparse='tab:orange', attention='tab:red',
+                  exchange='tab:purple', elementwise='tab:green',
+                  python_alloc='tab:gray')
+    labels, seen = [], set()
+    for i, r in enumerate(bars):
+        for j, (what, parts) in enumerate((('epoch', r['breakdown']),
+                                           ('floor', r['floor'] or {}))):
+            x, bottom = 2.6 * i + j, 0.0
+            for part in PARTS:
+                v = parts.get(part, 0.0)
+                if v:
+                    ax.bar(x, v, bottom=bottom, color=colors[part],
+                           label=None if part in seen else part)
+                    seen.add(part)
+                    bottom += v
+            labels.append((x, f"{r['model']} N={r['workers']}\n{what}"))
+        dgl = _get(rows, r['model'], 'DGL')
+        if dgl and r['workers'] == 1:
+            ax.plot([2.6 * i - 0.4, 2.6 * i + 1.4], [dgl['epoch_s']] * 2,
+                    'k--', lw=1, label=None if 'dgl' in seen else
+                    'plain DGL epoch')
+            seen.add('dgl')
+    if labels:
+        ax.set_xticks([x for x, _ in labels])
+        ax.set_xticklabels([t for _, t in labels], fontsize=6)
+        ax.legend(fontsize=7)
+    ax.set(ylabel='seconds', title='profiled epoch vs compute floor')
+    ax.grid(alpha=0.3, axis='y')
 
 
 def main(args: argparse.Namespace) -> None:
@@ -446,6 +615,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--num-classes', type=int, default=16,
                         help='classes of --part-dir without a manifest')
     parser.add_argument('--no-stock', action='store_true')
+    parser.add_argument('--dgl', default=None, metavar='PYTHON',
+                        help='also run plain DGL with this interpreter (a '
+                             'venv with dgl==2.1.0; benchmarks/dgl_worker.py)')
+    parser.add_argument('--contention', default='0',
+                        help='K busy processes beside every system; a '
+                             'comma list runs each level, e.g. 0,2')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='run every configuration this many times, '
+                             'interleaved; rows keep the median')
+    parser.add_argument('--env', action='append', default=[],
+                        metavar='KEY=VALUE',
+                        help='environment of every system (pyg_sar, stock '
+                             'PyG and DGL alike)')
+    parser.add_argument('--sar-env', action='append', default=[],
+                        metavar='KEY=VALUE',
+                        help='environment of the pyg_sar workers only')
+    parser.add_argument('--nodes', type=int, default=None,
+                        help='graph size (default 200k)')
+    parser.add_argument('--no-floor', action='store_true',
+                        help='skip the floor and profiler pass')
     parser.add_argument('--no-cut', action='store_true',
                         help='also run the exchange-free bound (graph of '
                              'disconnected copies, no edge cut)')

@@ -243,6 +243,25 @@ def run_worker(args) -> None:
         epoch_peaks.append(peak.fold() - before)
     peak.fold()
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if args.impl == 'sar' and not args.no_floor:
+        # In the same process, after the epochs (memory already taken):
+        # one profiled epoch, then the floor at this worker's shapes.
+        from floor import breakdown, measure_floor
+        barrier()
+        info['breakdown'] = breakdown(epoch)
+        barrier()
+        dst = torch.repeat_interleave(
+            torch.arange(part.csc_ptr.numel() - 1),
+            part.csc_ptr[1:] - part.csc_ptr[:-1])
+        _, src = torch.unique(part.csc_src.long(), return_inverse=True)
+        num_src = int(src.max()) + 1 if src.numel() else num_nodes
+        if args.model == 'gat':  # GATConv's self-loops
+            loops = torch.arange(num_nodes)
+            dst, src = torch.cat([dst, loops]), torch.cat([src, loops])
+            num_src = max(num_src, num_nodes)
+        info['floor'] = measure_floor(args.model, dims, num_nodes, num_src,
+                                      dst, src)
+        barrier()
     result = dict(
         rank=rank, world_size=world_size, impl=args.impl, model=args.model,
         code=os.environ.get('PYG_SAR_BENCH_CODE', 'this tree'),

@@ -20,7 +20,12 @@ Every public name below is imported on first use, so ``import pyg_sar`` (and
 import importlib
 from typing import Any
 
+from pyg_sar.utils.openmp import prefer_passive_wait
 from pyg_sar.utils.version import __version__
+
+# Before torch loads: OpenMP threads sleep instead of spinning between
+# parallel regions (pyg_sar.utils.openmp says why).
+prefer_passive_wait()
 
 # name -> the module that defines it (a module itself where the name is the
 # module's last component).

@@ -15,7 +15,10 @@ SLOW_FILES = {
     'test_engine_behaviour.py', 'test_multinode.py',
     'test_loader_pyg_call.py', 'test_trust_checkpoint.py',
     'test_hetero_loader.py', 'test_models_exact.py', 'test_link_exact.py',
-    'test_checkpoint.py',
+    'test_checkpoint.py', 'test_hetero_zoo_exact.py',
+    'test_zoo_refused_exact.py', 'test_pyg_idioms.py',
+    'test_gps_exact.py', 'test_partition_kaminpar.py',
+    'test_hetero_loader_parity.py', 'test_partition_ondisk.py',
 }
 
 

@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
         # Each worker gets its share of the cores instead of oversubscribing.
         env.setdefault('OMP_NUM_THREADS', str(max(
             1, (os.cpu_count() or 1) // args.workers)))
+        env.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # utils/openmp.py
         return subprocess.call(command, env=env)
 
 

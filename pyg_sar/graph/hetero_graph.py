@@ -162,6 +162,15 @@ class HeteroDistGraph(Mapping):
                                                 list(key[1]))
         return self._merged[key]
 
+    def layer_wise(self, seeds: Dict[str, Tensor], hops: int):
+        """Per-propagation destination sets of every node type for outputs
+        needed only at ``seeds`` (a dict from node type to a local mask or
+        owned global ids), for a model of ``hops`` propagations of every
+        relation; collective. Use the result as a context manager around
+        the forward (:func:`pyg_sar.graph.mfg.hetero_layer_wise`)."""
+        from pyg_sar.graph.mfg import hetero_layer_wise
+        return hetero_layer_wise(self, seeds, hops)
+
     def node_offset(self, node_type: str) -> int:
         """First global id (in the type's numbering) of this worker."""
         return int(self.node_ptr_dict[node_type][self.rank])

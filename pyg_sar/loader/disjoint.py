@@ -29,20 +29,52 @@ def _first_appearance(keys: Tensor):
     return unique[order], rank[inverse]
 
 
+class Subtrees:
+    """The nodes of one node type in a disjoint batch: pairs ``(subtree,
+    global id)`` keyed ``subtree * num_global + id``, each with its
+    batch-local id, in order of first appearance."""
+
+    def __init__(self, num_global: int) -> None:
+        self.num_global = max(int(num_global), 1)
+        self.keys = torch.empty(0, dtype=torch.long)  # sorted
+        self.local = torch.empty(0, dtype=torch.long)  # of the sorted keys
+        self.count = 0
+
+    def add(self, trees: Tensor, ids: Tensor):
+        """The batch-local id of every ``(trees[i], ids[i])``; pairs not
+        seen before become new nodes, in order of first appearance.
+        Returns ``(local ids, subtrees of the new nodes, their ids)``."""
+        keys = trees * self.num_global + ids
+        local = torch.full_like(keys, -1)
+        if self.keys.numel() and keys.numel():
+            at = torch.searchsorted(self.keys, keys).clamp_(
+                max=self.keys.numel() - 1)
+            found = self.keys[at] == keys
+            local[found] = self.local[at[found]]
+        else:
+            found = torch.zeros_like(keys, dtype=torch.bool)
+        new_keys, position = _first_appearance(keys[~found])
+        local[~found] = self.count + position
+        new_local = torch.arange(self.count, self.count + new_keys.numel())
+        self.count += new_keys.numel()
+        self.keys, order = torch.sort(torch.cat([self.keys, new_keys]))
+        self.local = torch.cat([self.local, new_local])[order]
+        return (local, new_keys // self.num_global,
+                new_keys % self.num_global)
+
+
 def disjoint_round(loader, seeds: Tensor, input_id: Tensor,
                    seed_time: Optional[Tensor] = None) -> Data:
     """One collective round of ``loader`` (a ``DistNeighborLoader``) with
     disjoint subtrees; the batch has ``batch`` (each node's subtree, i.e.
     its seed's position in the batch). With ``seed_time`` (temporal
     sampling) every subtree's edges are no later than its seed's time."""
-    num_global = loader.shard.num_nodes
     num_seeds = seeds.numel()
-    trees = [torch.arange(num_seeds)]
-    n_id = [seeds]
-    known_keys, order = torch.sort(trees[0] * num_global + seeds)
-    known_local = order
-    frontier, frontier_local, frontier_tree = seeds, trees[0], trees[0]
-    num_nodes = num_seeds
+    nodes = Subtrees(loader.shard.num_nodes)
+    _, first_tree, _ = nodes.add(torch.arange(num_seeds), seeds)
+    trees, n_id = [first_tree], [seeds]
+    frontier, frontier_tree = seeds, first_tree
+    frontier_local = torch.arange(num_seeds)
     rows, cols, e_ids = [], [], []
     num_sampled_nodes, num_sampled_edges = [num_seeds], []
     for fanout in loader.num_neighbors:
@@ -51,31 +83,17 @@ def disjoint_round(loader, seeds: Tensor, input_id: Tensor,
             None if seed_time is None else seed_time[frontier_tree])
         entry = torch.repeat_interleave(torch.arange(frontier.numel()),
                                         per_entry)
-        keys = frontier_tree[entry] * num_global + sources
-        local = torch.full_like(keys, -1)
-        if known_keys.numel() and keys.numel():
-            at = torch.searchsorted(known_keys, keys).clamp_(
-                max=known_keys.numel() - 1)
-            found = known_keys[at] == keys
-            local[found] = known_local[at[found]]
-        else:
-            found = torch.zeros_like(keys, dtype=torch.bool)
-        new_keys, position = _first_appearance(keys[~found])
-        local[~found] = num_nodes + position
-        new_local = torch.arange(num_nodes, num_nodes + new_keys.numel())
-        num_nodes += new_keys.numel()
-        new_tree, new_nodes = new_keys // num_global, new_keys % num_global
+        start = nodes.count
+        local, new_tree, new_nodes = nodes.add(frontier_tree[entry], sources)
         trees.append(new_tree)
         n_id.append(new_nodes)
-        known_keys, order = torch.sort(torch.cat([known_keys, new_keys]))
-        known_local = torch.cat([known_local, new_local])[order]
         rows.append(local)
         cols.append(frontier_local[entry])
         e_ids.append(edge_ids)
-        num_sampled_nodes.append(new_keys.numel())
+        num_sampled_nodes.append(new_nodes.numel())
         num_sampled_edges.append(edge_ids.numel())
-        frontier, frontier_local, frontier_tree = new_nodes, new_local, \
-            new_tree
+        frontier, frontier_tree = new_nodes, new_tree
+        frontier_local = torch.arange(start, nodes.count)
     edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows \
         else torch.empty(2, 0, dtype=torch.long)
     e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)

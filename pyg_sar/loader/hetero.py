@@ -25,6 +25,9 @@ from pyg_sar import comm
 from pyg_sar.loader.batch_parts import (_INT32_MAX, _first_seen_absent,
                                         _group_by_owner)
 from pyg_sar.loader.hetero_batch import hetero_batch
+from pyg_sar.loader.hetero_options import (check_sampling_options,
+                                           hetero_disjoint_round,
+                                           hetero_times)
 from pyg_sar.loader.hetero_shard import EdgeType, HeteroShard, to_hetero_shard
 from pyg_sar.loader.neighbor_loader import (DistNeighborLoader,
                                             _check_num_neighbors)
@@ -33,6 +36,7 @@ from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
                                     count_batches_and_seed, local_seeds,
                                     store_batch_options)
 from pyg_sar.loader.sampler import _ranges, sample_neighbors
+from pyg_sar.loader.temporal import sample_temporal
 
 
 class DistHeteroNeighborLoader(DistNeighborLoader):
@@ -75,9 +79,27 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
         batch_size, shuffle, drop_last, replace: As for the homogeneous loader.
         seed, transform, pad_batches, device: As for the homogeneous loader.
 
-    ``subgraph_type`` other than ``'directional'``, ``disjoint``,
-    ``time_attr``/``input_time`` and ``weight_attr`` are refused for
-    heterogeneous graphs.
+        subgraph_type (str): ``"directional"``, ``"bidirectional"``
+            (PyG's ``HeteroSamplerOutput.to_bidirectional`` of the sample:
+            an edge type merged with its reverse type loses ``e_id`` and
+            its edge attributes, and per-hop counts are dropped, as in
+            PyG) or ``"induced"`` (every edge of every type between the
+            sampled nodes; ``num_sampled_edges`` dropped).
+        disjoint (bool): Every seed grows its own subtree; every node type
+            gets ``batch``, each node's seed position.
+        time_attr (str, optional): Temporal (and so disjoint) sampling: a
+            node attribute (an edge's time is its source node's) or an edge
+            attribute; an edge type with neither is not time-filtered.
+            Every edge of a seed's subtree is no later than the seed's time
+            (``seed_time`` on the input type).
+        input_time (Tensor, optional): One time per input node (default:
+            their node times).
+        temporal_strategy (str): ``"uniform"`` or ``"last"``.
+        weight_attr (str, optional): An edge attribute: edge types holding
+            it are sampled in proportion to it, the others uniformly (not
+            with :obj:`time_attr`).
+
+    These options live in :mod:`pyg_sar.loader.hetero_options`.
 
     Memory: besides its part, every rank holds two ``int32`` maps over the
     global ids of every node type (8 bytes per node).
@@ -95,33 +117,24 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                disjoint: bool = False, time_attr: Optional[str] = None,
                input_time: Optional[Tensor] = None,
                temporal_strategy: str = 'uniform') -> None:
-        refused = [(subgraph_type != 'directional',
-                    f'subgraph_type={subgraph_type!r}'),
-                   (bool(disjoint), 'disjoint=True'),
-                   (time_attr is not None, f'time_attr={time_attr!r}'),
-                   (input_time is not None, 'input_time'),
-                   (weight_attr is not None, f'weight_attr={weight_attr!r}')]
-        for bad, name in refused:
-            if bad:
-                raise ValueError(f"DistNeighborLoader: {name} is not "
-                                 f"supported for heterogeneous graphs (only "
-                                 f"directional, non-disjoint, unweighted "
-                                 f"sampling)")
         self.shard: HeteroShard = to_hetero_shard(data)
         self.num_neighbors = _hetero_num_neighbors(num_neighbors,
                                                    self.shard.edge_types)
         self.num_hops = len(next(iter(self.num_neighbors.values()), []))
         store_batch_options(self, batch_size, shuffle, drop_last, replace,
                             transform, pad_batches, device)
-        self.subgraph_type = 'directional'
-        self.disjoint = False
-        self.time_attr = None
+        check_sampling_options(self, subgraph_type, disjoint, time_attr,
+                               input_time, temporal_strategy, weight_attr)
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
         self.input_type, self.input_nodes = self._resolve_hetero_input(
             input_nodes)
         count_batches_and_seed(self, seed)
         self.num_global_batches = self._agree_with_peers()
+        self.edge_time = self.seed_time = None
+        if time_attr is not None:  # collective (node times of sources)
+            self.edge_time, self.seed_time = hetero_times(self, time_attr,
+                                                          input_time)
         # Per node type: global id -> batch-local id (-1: absent), and the
         # scratch map of `_first_seen_absent`.
         self._local_index = {
@@ -168,22 +181,37 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             num_neighbors=tuple((e, tuple(f))
                                 for e, f in self.num_neighbors.items()),
             replace=self.replace, pad_batches=self.pad_batches,
-            input_type=self.input_type)
+            input_type=self.input_type, subgraph_type=self.subgraph_type,
+            disjoint=self.disjoint, weight_attr=self.weight_attr,
+            time_attr=self.time_attr,
+            temporal_strategy=self.temporal_strategy, **self._extra_config())
         return agree_with_peers(shard, options, self.num_batches,
                                 type(self).__name__)
 
     # One collective round ###################################################
 
     def _sample_round(self, seeds: Tensor, input_id: Tensor):
+        if self.disjoint:
+            seed_time = None if self.seed_time is None else \
+                self.seed_time[input_id]
+            return hetero_disjoint_round(self, seeds, input_id, seed_time)
+        sample = self._sample_typed({self.input_type: seeds})
+        return hetero_batch(self, *sample[:3], self.input_type, input_id,
+                            *sample[3:])
+
+    def _sample_typed(self, seeds: Dict[str, Tensor]):
+        """Samples the neighborhoods of the distinct ``seeds`` of one or
+        more node types (collective); returns ``(n_id, edge_index, e_id,
+        num_sampled_nodes, num_sampled_edges)`` per type."""
         shard, index = self.shard, self._local_index
-        input_type = self.input_type
+        empty = torch.empty(0, dtype=torch.long)
         n_id_parts: Dict[str, List[Tensor]] = {t: [] for t in
                                                shard.node_types}
         num_nodes = {t: 0 for t in shard.node_types}
-        n_id_parts[input_type].append(seeds)
-        index[input_type][seeds] = torch.arange(seeds.numel(),
-                                                dtype=torch.int32)
-        num_nodes[input_type] = seeds.numel()
+        for t, ids in seeds.items():
+            n_id_parts[t].append(ids)
+            index[t][ids] = torch.arange(ids.numel(), dtype=torch.int32)
+            num_nodes[t] = ids.numel()
         num_sampled_nodes = {t: [num_nodes[t]] for t in shard.node_types}
         num_sampled_edges: Dict[EdgeType, List[int]] = {
             e: [] for e in shard.edge_types}
@@ -193,9 +221,7 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                                               shard.edge_types}
         e_ids: Dict[EdgeType, List[Tensor]] = {e: [] for e in
                                                shard.edge_types}
-        empty = seeds.new_empty(0)
-        frontier = {t: (seeds if t == input_type else empty)
-                    for t in shard.node_types}
+        frontier = {t: seeds.get(t, empty) for t in shard.node_types}
         try:
             for hop in range(self.num_hops):
                 sampled = self._exchange_hop(frontier, hop)
@@ -203,7 +229,7 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                                                 shard.node_types}
                 for e in shard.edge_types:
                     src, _, dst = e
-                    targets, sources, edge_ids = sampled[e]
+                    targets, sources, edge_ids, _ = sampled[e]
                     fresh = _first_seen_absent(sources, index[src],
                                                self._first_position[src])
                     index[src][fresh] = torch.arange(
@@ -230,20 +256,26 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                       for e in shard.edge_types}
         e_id = {e: torch.cat(e_ids[e]) if e_ids[e] else empty
                 for e in shard.edge_types}
-        return hetero_batch(self, n_id, edge_index, e_id, input_type,
-                            input_id, num_sampled_nodes, num_sampled_edges)
+        return n_id, edge_index, e_id, num_sampled_nodes, num_sampled_edges
 
-    def _exchange_hop(self, frontier: Dict[str, Tensor], hop: int
-                      ) -> Dict[EdgeType, Tuple[Tensor, Tensor, Tensor]]:
+    def _exchange_hop(self, frontier: Dict[str, Tensor], hop: int,
+                      frontier_time: Optional[Dict[str, Tensor]] = None
+                      ) -> Dict[EdgeType, Tuple[Tensor, Tensor, Tensor,
+                                                Tensor]]:
         """Sends the frontier of every edge type's destination type to its
         owners, samples the requests this rank receives (one kernel call per
         edge type) and returns, per edge type, ``(target, source, edge id)``
-        of the sampled edges, grouped by target in frontier order."""
+        of the sampled edges, grouped by target in frontier order, and the
+        number of edges of every frontier entry (repeated ids are sampled
+        independently). With ``frontier_time`` (temporal sampling) every
+        entry's edges are no later than its time."""
         shard, world_size, rank = self.shard, self.world_size, self.rank
         empty = torch.empty(0, dtype=torch.long)
         active = [e for e in shard.edge_types
                   if self.num_neighbors[e][hop] != 0]
-        out = {e: (empty, empty, empty) for e in shard.edge_types}
+        out = {e: (empty, empty, empty,
+                   torch.zeros(frontier[e[2]].numel(), dtype=torch.long))
+               for e in shard.edge_types}
         if not active:
             return out
         groups = []
@@ -258,6 +290,13 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             [torch.tensor([c[q] for _, _, c in groups], dtype=torch.long)] +
             [ids.split(c)[q] for ids, _, c in groups])
             for q in range(world_size)])
+        received_times = None
+        if frontier_time is not None:  # every request carries its time
+            received_times = comm.all_to_all_v([torch.cat(
+                [frontier_time[e[2]][order].split(c)[q]
+                 for e, (_, order, c) in zip(active, groups)])
+                for q in range(world_size)])
+            time_offsets = [0] * world_size
 
         # Serve: per edge type, every peer's requests in one kernel call.
         replies: List[List[Tensor]] = [[] for _ in range(world_size)]
@@ -265,14 +304,26 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
         for i, e in enumerate(active):
             edges = shard.edges[e]
             start = shard.nodes[e[2]].node_start
-            asked = []
+            asked, times = [], []
             for q in range(world_size):
                 count = int(received[q][i])
                 asked.append(received[q][offsets[q]:offsets[q] + count])
                 offsets[q] += count
-            counts, positions = sample_neighbors(
-                edges.csc_ptr, torch.cat(asked) - start,
-                self.num_neighbors[e][hop], self.replace, self.generator)
+                if received_times is not None:
+                    times.append(received_times[q][
+                        time_offsets[q]:time_offsets[q] + count])
+                    time_offsets[q] += count
+            fanout = self.num_neighbors[e][hop]
+            if received_times is not None and \
+                    self.edge_time[e] is not None:
+                counts, positions = sample_temporal(
+                    edges.csc_ptr, torch.cat(asked) - start,
+                    torch.cat(times), fanout, self.edge_time[e],
+                    self.temporal_strategy, self.replace, self.generator)
+            else:
+                counts, positions = sample_neighbors(
+                    edges.csc_ptr, torch.cat(asked) - start, fanout,
+                    self.replace, self.generator, self.edge_weight[e])
             sources = edges.csc_src[positions]
             edge_ids = edges.csc_eid[positions]
             per_peer = counts.split([a.numel() for a in asked])
@@ -326,21 +377,22 @@ def _take(answers: List[Tensor], q: int, num_requests: int
 
 def _frontier_order(requests: Tensor, order: Tensor, counts: Tensor,
                     sources: Tensor, edge_ids: Tensor
-                    ) -> Tuple[Tensor, Tensor, Tensor]:
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(target, source, edge id)`` of the answers (which come in owner
     order: ``requests = frontier[order]``), moved to frontier order
-    (PyG's order) without a sort."""
+    (PyG's order) without a sort, and the edge count of every frontier
+    entry."""
     targets = torch.repeat_interleave(requests, counts)
-    if bool((order[1:] >= order[:-1]).all()):  # already in frontier order
-        return targets, sources, edge_ids
     in_frontier = torch.empty_like(counts)
     in_frontier[order] = counts
+    if bool((order[1:] >= order[:-1]).all()):  # already in frontier order
+        return targets, sources, edge_ids, in_frontier
     slot_start = torch.cumsum(in_frontier, 0) - in_frontier
     slots = _ranges(slot_start[order], counts)
     out = [torch.empty_like(t) for t in (targets, sources, edge_ids)]
     for dst, src in zip(out, (targets, sources, edge_ids)):
         dst[slots] = src
-    return out[0], out[1], out[2]
+    return out[0], out[1], out[2], in_frontier
 
 
 def _hetero_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
@@ -381,7 +433,7 @@ def _hetero_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
     return {e: out[e] for e in edge_types}
 
 
-DistNeighborLoader._kinds['hetero'] = DistHeteroNeighborLoader
+DistNeighborLoader._kinds['DistNeighborLoader'] = DistHeteroNeighborLoader
 
 DistHeteroNeighborLoader.__signature__ = constructor_signature(
     DistHeteroNeighborLoader, NODE_ORDER, PYG_NODE_ORDER)

@@ -2,15 +2,15 @@
 a batch are sampled, the batch gets every edge of the graph between them,
 not only the sampled ones.
 
-One collective exchange: a rank sends its batch's node ids to every rank
-that owns one of them; the owner marks them in a scratch map over the
-global ids and answers, for each of those nodes it owns, the in-edges whose
-source is marked. Edges come out ordered by destination (batch order), then
+One collective exchange (per edge type, for heterogeneous graphs): a rank
+sends its batch's node ids to every rank that owns one of them; the owner
+marks the sources in a scratch map over the global ids and answers, for
+each of the targets it owns, the in-edges whose source is marked. Edges come out ordered by destination (batch order), then
 in the owner's CSC order (by source id), at every world size.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import Tensor
@@ -19,44 +19,63 @@ from pyg_sar import comm
 from pyg_sar.loader.sampler import _ranges
 
 
-def _serve(loader, request: Tensor) -> Tensor:
-    """``[3, k]`` (source position, destination position, edge id) of the
-    edges among ``request`` (a peer's batch, positions in it) that end at
-    nodes this rank owns."""
-    shard = loader.shard
-    if request.numel() == 0:
+def _serve(csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor, start: int,
+           count: int, mark: Tensor, sources: Tensor, targets: Tensor
+           ) -> Tensor:
+    """``[3, k]`` (source position, target position, edge id) of the edges
+    from ``sources`` to ``targets`` (a peer's batch, positions in it) that
+    end at the nodes ``start .. start + count - 1`` this rank owns, whose
+    in-edges are the CSC ``csc_ptr``/``csc_src``/``csc_eid``. ``mark`` is a
+    scratch map over the source ids, all ``-1``, restored here."""
+    if targets.numel() == 0 or sources.numel() == 0:
         return torch.empty(3, 0, dtype=torch.long)
-    mark = loader._serve_map()
-    mark[request] = torch.arange(request.numel(), dtype=torch.int32)
+    mark[sources] = torch.arange(sources.numel(), dtype=torch.int32)
     try:
-        start = shard.node_start
-        owned = ((request >= start) &
-                 (request < start + shard.num_local_nodes)).nonzero().view(-1)
-        local = request[owned] - start
-        begin = shard.csc_ptr[local]
-        degree = shard.csc_ptr[local + 1] - begin
+        owned = ((targets >= start) &
+                 (targets < start + count)).nonzero().view(-1)
+        local = targets[owned] - start
+        begin = csc_ptr[local]
+        degree = csc_ptr[local + 1] - begin
         positions = _ranges(begin, degree)
         dst_position = torch.repeat_interleave(owned, degree)
-        src_position = mark[shard.csc_src[positions]].long()
+        src_position = mark[csc_src[positions]].long()
         keep = src_position >= 0
         return torch.stack([src_position[keep], dst_position[keep],
-                            shard.csc_eid[positions][keep]])
+                            csc_eid[positions][keep]])
     finally:
-        mark[request] = -1
+        mark[sources] = -1
 
 
-def induced_edges(loader, n_id: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(edge_index, e_id)`` of every edge between the nodes ``n_id`` of
-    this rank's batch (batch-local ids); collective."""
-    shard, world_size, rank = loader.shard, loader.world_size, loader.rank
+def typed_induced_edges(world_size: int, rank: int, sources: Tensor,
+                        targets: Tensor, target_owner: Tensor,
+                        serve: Callable[[Tensor, Tensor], Tensor]
+                        ) -> Tuple[Tensor, Tensor]:
+    """``(edge_index, e_id)`` of every edge from the batch nodes
+    ``sources`` to the batch nodes ``targets`` (batch-local ids; the owner
+    of every target is ``target_owner``), ``serve(sources, targets)``
+    answering on the owner (:func:`_serve`); collective."""
     owners = torch.zeros(world_size, dtype=torch.bool)
-    owners[shard.owner(n_id)] = True
-    requests: List[Tensor] = [n_id if bool(owners[q]) else n_id[:0]
-                              for q in range(world_size)]
+    owners[target_owner] = True
+    # [number of sources | sources | targets]; -1: the same nodes (sent
+    # once, the homogeneous case).
+    same = sources is targets
+    payload = [torch.tensor([-1]), sources] if same else \
+        [torch.tensor([sources.numel()]), sources, targets]
+    requests: List[Tensor] = [
+        torch.cat(payload) if bool(owners[q]) and q != rank
+        else sources[:0] for q in range(world_size)]
     received = comm.all_to_all_v(requests)
-    replies = [_serve(loader, received[q]).reshape(-1) if q != rank
-               else n_id[:0] for q in range(world_size)]
-    own = _serve(loader, n_id) if bool(owners[rank]) else \
+
+    def answer(request: Tensor) -> Tensor:
+        if request.numel() == 0:
+            return torch.empty(3, 0, dtype=torch.long)
+        n = int(request[0])
+        if n < 0:
+            return serve(request[1:], request[1:])
+        return serve(request[1:1 + n], request[1 + n:])
+    replies = [answer(received[q]).reshape(-1) if q != rank
+               else sources[:0] for q in range(world_size)]
+    own = serve(sources, targets) if bool(owners[rank]) else \
         torch.empty(3, 0, dtype=torch.long)
     answers = comm.all_to_all_v(replies)
     parts = [own if q == rank else answers[q].view(3, -1)
@@ -67,3 +86,39 @@ def induced_edges(loader, n_id: Tensor) -> Tuple[Tensor, Tensor]:
     order = torch.argsort(edges[1], stable=True)
     edges = edges[:, order]
     return edges[:2], edges[2]
+
+
+def induced_edges(loader, n_id: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(edge_index, e_id)`` of every edge between the nodes ``n_id`` of
+    this rank's batch (batch-local ids); collective."""
+    shard = loader.shard
+
+    def serve(sources: Tensor, targets: Tensor) -> Tensor:
+        return _serve(shard.csc_ptr, shard.csc_src, shard.csc_eid,
+                      shard.node_start, shard.num_local_nodes,
+                      loader._serve_map(), sources, targets)
+    return typed_induced_edges(loader.world_size, loader.rank, n_id, n_id,
+                               shard.owner(n_id), serve)
+
+
+def hetero_induced_edges(loader, n_id: Dict[str, Tensor]
+                         ) -> Tuple[Dict[Tuple, Tensor], Dict[Tuple, Tensor]]:
+    """Per edge type ``(src, rel, dst)``, every edge of the graph from the
+    batch's ``src`` nodes to its ``dst`` nodes (one exchange per edge type;
+    collective). The per-type maps ``loader._local_index`` (all ``-1``
+    between rounds) mark the sources."""
+    shard = loader.shard
+    edge_index, e_id = {}, {}
+    for e, edges in shard.edges.items():
+        src, _, dst = e
+        nodes = shard.nodes[dst]
+
+        def serve(sources: Tensor, targets: Tensor, edges=edges,
+                  nodes=nodes, mark=loader._local_index[src]) -> Tensor:
+            return _serve(edges.csc_ptr, edges.csc_src, edges.csc_eid,
+                          nodes.node_start, nodes.num_local_nodes, mark,
+                          sources, targets)
+        edge_index[e], e_id[e] = typed_induced_edges(
+            loader.world_size, loader.rank, n_id[src], n_id[dst],
+            nodes.owner(n_id[dst]), serve)
+    return edge_index, e_id

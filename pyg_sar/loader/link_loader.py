@@ -131,8 +131,8 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             if len(index) == 2 and isinstance(index[1], Tensor) and \
                     not isinstance(index[0], Tensor):
                 raise ValueError("'edge_label_index' with an edge type needs "
-                                 "heterogeneous graphs, which are not "
-                                 "supported")
+                                 "a heterogeneous part (this one is "
+                                 "homogeneous)")
             index = torch.stack([torch.as_tensor(t) for t in index])
         if not isinstance(index, Tensor) or index.dim() != 2 or \
                 index.size(0) != 2:

@@ -161,9 +161,12 @@ class DistNeighborLoader:
     _kinds: Dict[str, type] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> 'DistNeighborLoader':
-        if cls is DistNeighborLoader:
-            if is_hetero(args[0] if args else kwargs.get('data')):
-                return super().__new__(DistNeighborLoader._kinds['hetero'])
+        # A homogeneous loader class given a heterogeneous part makes its
+        # heterogeneous subclass (registered under the class's name).
+        target = DistNeighborLoader._kinds.get(cls.__name__)
+        if target is not None and target is not cls and \
+                is_hetero(args[0] if args else kwargs.get('data')):
+            return super().__new__(target)
         return super().__new__(cls)
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,

@@ -71,7 +71,7 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
     _check_unsupported(name, options)
     extra = ('subgraph_type', 'device', 'weight_attr', 'disjoint',
              'time_attr', 'temporal_strategy') + (
-        ('input_time', ) if name == 'DistNeighborLoader' else ())
+        ('input_time', ) if 'Link' not in name else ())
     known = set(order) | set(extra)
     for key in options:
         if key not in known:
@@ -114,7 +114,7 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
     if options.pop('dist_sampler', None) is not None:
         raise ValueError(f"{name}: dist_sampler is not supported (pyg_sar "
                          f"samples with its own collective sampler)")
-    link = name != 'DistNeighborLoader'
+    link = 'Link' in name
     if link and options.get('input_time') is not None:
         raise ValueError(f"{name}: input_time is for node batches; link "
                          f"batches take edge_label_time")

@@ -23,12 +23,15 @@ from pyg_sar.nn.conv.dir_gnn_conv import DistDirGNNConv
 from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.conv.hetero_conv import HeteroConv
 from pyg_sar.nn.conv.hgt_conv import HGTConv
+from pyg_sar.nn.conv.gps_conv import GPSConv
+from pyg_sar.nn.conv import HANConv, HEATConv, RGATConv
 from pyg_sar.nn.convert import convertible, to_distributed
 
 __all__ = [
     'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
     'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
     'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv', 'RGCNConv',
-    'FastRGCNConv', 'HeteroConv', 'HGTConv',
+    'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
+    'HANConv', 'HEATConv', 'RGATConv',
     'to_distributed', 'convertible'
 ]

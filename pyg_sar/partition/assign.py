@@ -1,18 +1,34 @@
-"""Which part every node goes to: METIS (pymetis) on the symmetrized graph,
-or a seeded random split, then no empty part, every node type of a
-heterogeneous graph and the training nodes balanced."""
+"""Which part every node goes to: :func:`assign_parts`, METIS (pymetis) or
+KaMinPar on the symmetrized graph, or a seeded random split, then no empty
+part, the node counts capped and the training nodes balanced
+(:mod:`~pyg_sar.partition.repair`). The heterogeneous writer's helpers
+(:func:`_symmetric_csr` and the in-memory :obj:`row`/:obj:`col` passes)
+live here too."""
 import math
-from typing import Optional, Tuple
+import os.path as osp
+import tempfile
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-# Allowed deviation of a part's training-node count from the mean before the
-# training-node balancing pass moves nodes.
-TRAIN_BALANCE_TOLERANCE = 0.05
+from pyg_sar.partition.edge_source import EdgeSource
+from pyg_sar.partition.kaminpar import (KAMINPAR_TIMEOUT, check_threads,
+                                        require_kaminpar, run_kaminpar)
+from pyg_sar.partition.repair import (TRAIN_BALANCE_TOLERANCE,
+                                      balance_training_nodes, cap_part_sizes,
+                                      fill_empty_parts, max_part_size,
+                                      node_balance)
+from pyg_sar.partition.symmetric import (CsrView, as_idx_arrays,
+                                         symmetric_csr, write_parhip)
+
 # The same for the node count of every node type of a heterogeneous graph.
 TYPE_BALANCE_TOLERANCE = 0.05
+# Bounds of the default chunk of assign_parts' streamed passes (edges).
+MIN_CHUNK_EDGES = 1 << 18
+MAX_CHUNK_EDGES = 1 << 21
 
 
 def _symmetric_csr(edge_index: Tensor,
@@ -47,26 +63,27 @@ def _random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
     return part
 
 
-def _metis_parts(rowptr: Tensor, col: Tensor, num_parts: int,
-                 seed: int) -> Tensor:
+def _metis_parts(rowptr: Tensor, col, num_parts: int, seed: int) -> Tensor:
+    r"""k-way METIS (pymetis) of the symmetric adjacency
+    :obj:`(rowptr, col)`; :obj:`col` is converted to METIS's index width
+    only if it differs (an int32 :obj:`col` is not copied for a 32-bit
+    METIS)."""
     import pymetis
 
-    idx_dtype = np.int64
-    if pymetis._internal._idx_type_width() == 32:
-        idx_dtype = np.int32
-    adjacency = pymetis.CSRAdjacency(
-        rowptr.numpy().astype(idx_dtype, copy=False),
-        col.numpy().astype(idx_dtype, copy=False),
-    )
+    width = 32 if pymetis._internal._idx_type_width() == 32 else 64
+    xadj, adjncy = as_idx_arrays(CsrView(rowptr, col), width)
+    adjacency = pymetis.CSRAdjacency(xadj, adjncy)
+    del xadj, adjncy
     options = pymetis.Options()
     options.seed = seed
     # Note on training-node balance: METIS supports it via multi-constraint
     # vertex weights (ncon=2), but pymetis 2025.2.2 always calls METIS with
     # ncon=1 and reads an interleaved [n * 2] weight array as n single
     # weights, which silently unbalances the parts. Training nodes are
-    # balanced by `_balance_training_nodes` instead.
+    # balanced by `balance_training_nodes` instead.
     result = pymetis.part_graph(num_parts, adjacency, options=options,
                                 recursive=False)
+    del adjacency
     return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int64))
 
 
@@ -77,70 +94,27 @@ def _neighbors_in_part(row: Tensor, col: Tensor, part: Tensor, target: int,
     return torch.bincount(row[hits], minlength=num_nodes)
 
 
+def _row_col_count(row: Tensor, col: Tensor, num_nodes: int):
+    return lambda part, target: _neighbors_in_part(row, col, part, target,
+                                                   num_nodes)
+
+
 def _fill_empty_parts(part: Tensor, row: Tensor, col: Tensor,
                       num_parts: int) -> int:
-    r"""Gives every empty part nodes of the currently largest part, those
-    with the fewest neighbors inside it first. METIS leaves parts empty on
-    tiny graphs, and PyG's stores cannot load an empty part. Returns the
-    number of moved nodes."""
-    num_nodes = part.numel()
-    num_moved = 0
-    for empty_part in range(num_parts):
-        sizes = torch.bincount(part, minlength=num_parts)
-        if sizes[empty_part] > 0:
-            continue
-        donor = int(sizes.argmax())
-        amount = min(math.ceil(num_nodes / num_parts), int(sizes[donor]) // 2)
-        candidates = (part == donor).nonzero().view(-1)
-        inside = _neighbors_in_part(row, col, part, donor, num_nodes)
-        order = torch.sort(inside[candidates], stable=True).indices
-        part[candidates[order[:amount]]] = empty_part
-        num_moved += amount
-    return num_moved
+    r""":func:`pyg_sar.partition.repair.fill_empty_parts` with neighbor
+    counts from in-memory :obj:`row`/:obj:`col` arrays."""
+    return fill_empty_parts(part, _row_col_count(row, col, part.numel()),
+                            num_parts)
 
 
 def _balance_training_nodes(part: Tensor, row: Tensor, col: Tensor,
                             train_mask: Tensor, num_parts: int,
                             pool: Optional[Tensor] = None) -> int:
-    r"""Moves training nodes from parts with too many to parts with too few,
-    swapping the same number of non-training nodes back so that node counts
-    stay unchanged. Candidates are ranked by the cut change of the move, so
-    boundary nodes move first. Returns the number of swapped pairs.
-
-    :obj:`pool` (a node mask) restricts the non-training nodes swapped back,
-    e.g. to the node type of the training nodes, so that per-type node
-    counts stay unchanged too."""
-    num_nodes = part.numel()
-    target = float(train_mask.sum()) / num_parts
-    upper = math.floor(target * (1 + TRAIN_BALANCE_TOLERANCE) + 1)
-    lower = math.ceil(target * (1 - TRAIN_BALANCE_TOLERANCE) - 1)
-    num_swapped = 0
-    for _ in range(num_parts * num_parts):
-        counts = torch.bincount(part[train_mask], minlength=num_parts)
-        donor, receiver = int(counts.argmax()), int(counts.argmin())
-        if counts[donor] <= upper and counts[receiver] >= lower:
-            break
-        amount = int(min(counts[donor] - target, target - counts[receiver]))
-        amount = max(amount, 1)
-
-        to_receiver = _neighbors_in_part(row, col, part, receiver, num_nodes)
-        to_donor = _neighbors_in_part(row, col, part, donor, num_nodes)
-        gain = to_receiver - to_donor
-
-        out_nodes = ((part == donor) & train_mask).nonzero().view(-1)
-        back = (part == receiver) & ~train_mask
-        if pool is not None:
-            back &= pool
-        back_nodes = back.nonzero().view(-1)
-        amount = min(amount, out_nodes.numel(), back_nodes.numel())
-        if amount == 0:
-            break
-        out_nodes = out_nodes[torch.topk(gain[out_nodes], amount).indices]
-        back_nodes = back_nodes[torch.topk(-gain[back_nodes], amount).indices]
-        part[out_nodes] = receiver
-        part[back_nodes] = donor
-        num_swapped += amount
-    return num_swapped
+    r""":func:`pyg_sar.partition.repair.balance_training_nodes` with
+    neighbor counts from in-memory :obj:`row`/:obj:`col` arrays."""
+    return balance_training_nodes(
+        part, _row_col_count(row, col, part.numel()), train_mask, num_parts,
+        pool=pool)
 
 
 def _balance_node_type(part: Tensor, row: Tensor, col: Tensor,
@@ -175,3 +149,157 @@ def _balance_node_type(part: Tensor, row: Tensor, col: Tensor,
         part[out_nodes] = receiver
         num_moved += amount
     return num_moved
+
+
+def assign_parts(
+    source: EdgeSource,
+    num_parts: int,
+    method: str = 'metis',
+    seed: int = 0,
+    train_mask: Optional[Tensor] = None,
+    threads: Optional[int] = None,
+    tmp_dir: Optional[str] = None,
+    progress_callback: Optional[Callable[[str], None]] = None,
+    chunk_edges: Optional[int] = None,
+    kaminpar_context: str = 'terapart',
+    timeout: float = KAMINPAR_TIMEOUT,
+) -> Tuple[Tensor, Dict[str, Any]]:
+    r"""Assigns every node of :obj:`source` to one of :obj:`num_parts`
+    parts, with the symmetrized graph built once with little memory
+    (:func:`~pyg_sar.partition.symmetric.symmetric_csr`, about 8 bytes per
+    input edge) and no part empty. Returns the part of every node (int64)
+    and statistics: :obj:`num_swapped` (training-node swaps),
+    :obj:`num_moved` (nodes moved by the repair passes), :obj:`edge_cut`
+    (undirected edges between parts of the symmetrized graph, :obj:`None`
+    for :obj:`'random'`), :obj:`num_undirected_edges`, :obj:`node_balance`
+    (largest part / mean) and :obj:`timings` (seconds per stage).
+
+    Methods:
+
+    - :obj:`'metis'`: k-way METIS (pymetis) on the symmetrized graph, as
+      before (the same CSR and seed give the same assignment), then empty
+      parts filled. METIS is single-threaded (:obj:`threads` is ignored).
+    - :obj:`'kaminpar'`: KaMinPar (:mod:`~pyg_sar.partition.kaminpar`) on
+      a ParHIP file of the symmetrized graph in :obj:`tmp_dir`, the
+      in-memory adjacency freed before KaMinPar starts, in a child process
+      (a crash is a one-line :class:`RuntimeError`). Memory-efficient
+      context by default; parts capped at
+      :func:`~pyg_sar.partition.repair.max_part_size` (node balance ≤ 1.01
+      where sizes allow), with a repair pass if KaMinPar exceeds it. The
+      seed reproduces the assignment with :obj:`threads=1` (the default);
+      more threads are faster but not reproducible.
+    - :obj:`'random'`: a seeded balanced random split (part sizes differ by
+      at most one; training nodes spread evenly).
+
+    With :obj:`train_mask`, training nodes are then balanced (every part
+    within :obj:`TRAIN_BALANCE_TOLERANCE` of the mean, by swaps that keep
+    node counts), the neighbor counts streamed from the adjacency a chunk
+    at a time (:mod:`~pyg_sar.partition.repair`).
+
+    Args:
+        source (EdgeSource): The directed edges.
+        num_parts (int): Number of parts.
+        method (str, optional): :obj:`'metis'`, :obj:`'kaminpar'` or
+            :obj:`'random'`. (default: :obj:`'metis'`)
+        seed (int, optional): Seed of the method. (default: :obj:`0`)
+        train_mask (torch.Tensor, optional): Nodes whose count per part is
+            balanced too.
+        threads (int, optional): KaMinPar's threads. (default: :obj:`1`)
+        tmp_dir (str, optional): Folder of KaMinPar's temporary input file
+            (about 4 bytes per adjacency entry). (default: the system's)
+        progress_callback (callable, optional): Called with the name of
+            every stage as it starts.
+        chunk_edges (int, optional): Edges per chunk of the streamed passes
+            (a chunk's work space is about 120 bytes per edge). (default:
+            1/32 of the edges, between :math:`2^{18}` and :math:`2^{21}`)
+        kaminpar_context (str, optional): KaMinPar's context, see
+            :obj:`~pyg_sar.partition.kaminpar.KAMINPAR_CONTEXTS`.
+        timeout (float, optional): Seconds KaMinPar may run.
+    """
+    if method not in ('metis', 'kaminpar', 'random'):
+        raise ValueError(f"Unknown partition method '{method}'; expected one "
+                         f"of ['metis', 'kaminpar', 'random']")
+    if method == 'kaminpar':
+        require_kaminpar()
+        if threads is not None:
+            check_threads(threads)
+    if not isinstance(source, EdgeSource):
+        raise TypeError(f"'source' must be an EdgeSource (got "
+                        f"'{type(source).__name__}'; wrap an edge_index in "
+                        f"TensorEdgeSource(edge_index, num_nodes))")
+    num_nodes = source.num_nodes
+    stats: Dict[str, Any] = {'num_swapped': 0, 'num_moved': 0,
+                             'edge_cut': None, 'num_undirected_edges': None,
+                             'timings': {}}
+    timings = stats['timings']
+
+    def stage(name: str) -> float:
+        if progress_callback is not None:
+            progress_callback(name)
+        return time.perf_counter()
+
+    def done(name: str, start: float) -> None:
+        timings[name] = round(time.perf_counter() - start, 3)
+
+    generator = torch.Generator().manual_seed(seed)
+    if method == 'random' or num_parts == 1:
+        start = stage('random assignment')
+        part = _random_parts(num_nodes, num_parts, generator, train_mask)
+        done('random', start)
+        stats['node_balance'] = node_balance(part, num_parts)
+        return part, stats
+
+    if chunk_edges is None:
+        chunk_edges = min(MAX_CHUNK_EDGES,
+                          max(MIN_CHUNK_EDGES, source.num_edges // 32))
+    start = stage('symmetrize')
+    csr = symmetric_csr(source, chunk_edges)
+    done('symmetrize', start)
+    stats['num_undirected_edges'] = csr.num_entries // 2
+    if csr.num_entries == 0:
+        # Nothing to cut: any balanced assignment is optimal.
+        part = _random_parts(num_nodes, num_parts, generator, train_mask)
+        stats.update(edge_cut=0, node_balance=node_balance(part, num_parts))
+        return part, stats
+
+    with tempfile.TemporaryDirectory(prefix='pyg_sar_kaminpar_',
+                                     dir=tmp_dir) as folder:
+        if method == 'metis':
+            start = stage('METIS')
+            part = _metis_parts(csr.rowptr, csr.col, num_parts, seed)
+            view: CsrView = csr
+            done('metis', start)
+        else:
+            start = stage('write ParHIP file')
+            path = osp.join(folder, 'graph.parhip')
+            write_parhip(csr, path)
+            del csr  # KaMinPar reads the file; free the adjacency first
+            done('write_parhip', start)
+            start = stage('KaMinPar')
+            max_size = max_part_size(num_nodes, num_parts)
+            part = run_kaminpar(path, num_nodes, num_parts, seed, max_size,
+                                threads=1 if threads is None else threads,
+                                context=kaminpar_context, timeout=timeout)
+            done('kaminpar', start)
+            view = CsrView.from_parhip(path, chunk_edges)
+
+        start = stage('repair')
+        count = view.neighbors_in_part
+        stats['num_moved'] = fill_empty_parts(part, count, num_parts)
+        if method == 'kaminpar':
+            stats['num_moved'] += cap_part_sizes(part, count, num_parts,
+                                                 max_size)
+        done('repair', start)
+        if train_mask is not None and int(train_mask.sum()) > 0:
+            start = stage('balance training nodes')
+            stats['num_swapped'] = balance_training_nodes(
+                part, count, train_mask, num_parts)
+            done('balance_train', start)
+        stats['edge_cut'] = view.edge_cut(part)
+        stats['node_balance'] = node_balance(part, num_parts)
+        del view, count
+    return part, stats
+
+
+__all__ = ['assign_parts', 'TRAIN_BALANCE_TOLERANCE',
+           'TYPE_BALANCE_TOLERANCE']

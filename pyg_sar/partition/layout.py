@@ -12,7 +12,7 @@ EDGE_MAP_FILE = 'edge_map.pt'
 # hash of every file ('files'); a partition of another version is refused.
 FORMAT_NAME = 'pyg_sar.partition'
 FORMAT_VERSION = 2
-METHODS = ('metis', 'random')
+METHODS = ('metis', 'kaminpar', 'random')
 
 
 def _part_dir(root: str, part: int) -> str:

@@ -130,9 +130,7 @@ class RGCNConv(DistMessagePassing):
         if x_l is None:
             x_l = _local_ids(self, graph)
         x_r = x[1] if isinstance(x, tuple) else x_l
-        if graph._layer_wise[0] is not None:
-            raise ValueError(f"{type(self).__name__} does not support "
-                             f"layer-wise MFGs; run it without layer_wise")
+        # Layer-wise MFGs: the relation view's rows of D_k (graph/mfg.py).
         view = relation_view(graph, edge_type, self.num_relations,
                              type(self).__name__)
         N, R, C = graph.num_nodes, self.num_relations, self.out_channels

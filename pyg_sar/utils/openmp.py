@@ -1,0 +1,20 @@
+"""The OpenMP wait policy of torch's CPU kernels. By default libgomp's
+threads spin after every parallel region; when other jobs share the cores
+(any busy cluster node), each of the tens of thousands of short regions of
+a chunked epoch then waits for a time slice, and a GAT epoch measured 4.5x
+slower beside two busy processes (DGL: 1.07x). Sleeping threads
+(``OMP_WAIT_POLICY=PASSIVE``) keep the slowdown below DGL's
+(``benchmarks/full_batch.py --contention``). libgomp reads the variable
+once, when torch loads, so :func:`prefer_passive_wait` must run before the
+first ``import torch``; ``import pyg_sar`` calls it and imports no torch."""
+import os
+import sys
+
+
+def prefer_passive_wait() -> bool:
+    r"""Sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy or
+    torch is already loaded (then it would not take effect). Returns whether
+    the policy of this process is now passive."""
+    if 'torch' not in sys.modules:
+        os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+    return os.environ.get('OMP_WAIT_POLICY', '').upper() == 'PASSIVE'
