@@ -11,19 +11,27 @@ from pyg_sar.cli.registry import register_command
 
 def _configure_partition(parser: argparse.ArgumentParser) -> None:
     from pyg_sar.datasets import SYNTHETIC_DEFAULTS
-    parser.add_argument(
-        '--dataset', required=True,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        '--dataset',
         help="'synthetic', 'synthetic-hetero', Cora, CiteSeer, PubMed, "
         "Computers, Photo, CS, Physics, DBLP, IMDB (heterogeneous) or ogbn-* "
         "(needs the ogb package)")
+    source.add_argument(
+        '--input', metavar='DIR',
+        help='a graph directory (pyg_sar.partition.ondisk: .npy files read '
+        'memory-mapped); under torchrun --nproc-per-node K, K processes '
+        'write the shards')
     parser.add_argument(
         '--root', default='data',
         help='dataset root; PyG downloads the raw files here when absent '
         '(default: %(default)s)')
     parser.add_argument('--num-parts', type=int, required=True)
     parser.add_argument('--out', required=True, help='output directory')
-    parser.add_argument('--method', choices=['metis', 'random'],
-                        default='metis')
+    from pyg_sar.partition.layout import METHODS
+    parser.add_argument('--method', choices=list(METHODS), default='metis')
+    parser.add_argument('--threads', type=int, default=None,
+                        help="KaMinPar's threads (default: 1, reproducible)")
     parser.add_argument('--no-balance-train', action='store_true',
                         help='do not balance training nodes across parts')
     parser.add_argument('--seed', type=int, default=0)
@@ -32,6 +40,16 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--allow-non-finite', action='store_true',
                         help='partition node/edge features that hold NaN '
                         'or inf (refused by default)')
+    group = parser.add_argument_group('graph directory (--input)')
+    group.add_argument('--assignment', metavar='FILE.npy',
+                       help='one part id per node (integer .npy) instead of '
+                       'computing the assignment')
+    group.add_argument('--max-unit-edges', type=int, default=None,
+                       help='in-edges of a part written per pass over the '
+                       'edge list (bounds the writer\'s memory)')
+    group.add_argument('--timeout-min', type=float, default=120.0,
+                       help='longest wait of a parallel writer for the '
+                       'others, in minutes (default: %(default)s)')
     group = parser.add_argument_group('synthetic dataset')
     for name, value in SYNTHETIC_DEFAULTS.items():
         group.add_argument(f"--{name.replace('_', '-')}", type=type(value),
@@ -44,6 +62,8 @@ def _run_partition(args: argparse.Namespace) -> int:
     from pyg_sar.partition.out_dir import _check_out_dir
     from pyg_sar.partition import partition_graph
 
+    if args.input is not None:
+        return _run_partition_input(args)
     # Fail before the (possibly slow) dataset load, not after it.
     _check_out_dir(osp.abspath(args.out), args.overwrite)
 
@@ -57,6 +77,10 @@ def _run_partition(args: argparse.Namespace) -> int:
     elif synthetic_options and args.dataset != 'synthetic':
         raise ValueError(f"Options {sorted(synthetic_options)} only apply to "
                          f"--dataset synthetic or synthetic-hetero")
+    for name in ('assignment', 'max_unit_edges'):
+        if getattr(args, name) is not None:
+            raise ValueError(f"Option '--{name.replace('_', '-')}' only "
+                             f"applies to --input")
     start = time.perf_counter()
     print(f'Loading {args.dataset}...', flush=True)
     data = datasets.load(args.dataset, args.root, seed=args.seed,
@@ -70,7 +94,67 @@ def _run_partition(args: argparse.Namespace) -> int:
                                method=args.method,
                                balance_train=not args.no_balance_train,
                                seed=args.seed, overwrite=args.overwrite,
-                               allow_non_finite=args.allow_non_finite)
+                               allow_non_finite=args.allow_non_finite,
+                               **_threads(args))
+    _print_result(args, manifest)
+    print(f"time: {manifest['time_s']['total']:.1f}s partition, "
+          f"{load_time:.1f}s load")
+    if manifest.get('is_hetero'):
+        print(_type_table(manifest))
+    return 0
+
+
+def _run_partition_input(args: argparse.Namespace) -> int:
+    r"""``--input DIR``: a graph directory, written by one process or, under
+    ``torchrun``, by every rank (:mod:`pyg_sar.comm.partition_writers`)."""
+    import os
+    from datetime import timedelta
+
+    import torch
+
+    from pyg_sar.comm import init_distributed
+    from pyg_sar.comm.partition_writers import partition_graph_parallel
+    from pyg_sar.partition.ondisk import GraphOnDisk, open_npy
+
+    from pyg_sar.datasets import SYNTHETIC_DEFAULTS
+    synthetic = [name for name in SYNTHETIC_DEFAULTS
+                 if getattr(args, name, None) is not None]
+    if synthetic:
+        raise ValueError(f"Options {synthetic} only apply to --dataset "
+                         f"synthetic")
+    rank = 0
+    if int(os.environ.get('WORLD_SIZE', '1')) > 1:
+        rank, _ = init_distributed(
+            backend='gloo', timeout=timedelta(minutes=args.timeout_min))
+    graph = GraphOnDisk(args.input)
+    assignment = None
+    if args.assignment is not None and rank == 0:
+        import numpy as np
+        array = open_npy(osp.abspath(args.assignment), 'assignment')
+        assignment = torch.from_numpy(np.array(array))
+    kwargs = {}
+    if args.max_unit_edges is not None:
+        kwargs['max_unit_edges'] = args.max_unit_edges
+    if rank == 0:
+        print(f'Partitioning {graph.root}: {graph.num_nodes:,} nodes, '
+              f'{graph.num_edges:,} edges into {args.num_parts} parts '
+              f'({args.method})...', flush=True)
+    manifest = partition_graph_parallel(
+        graph, args.num_parts, args.out, method=args.method,
+        balance_train=not args.no_balance_train, seed=args.seed,
+        overwrite=args.overwrite, allow_non_finite=args.allow_non_finite,
+        assignment=assignment, **kwargs, **_threads(args))
+    if manifest is not None:
+        _print_result(args, manifest)
+        print(f"time: {manifest['time_s']['total']:.1f}s partition")
+    return 0
+
+
+def _threads(args: argparse.Namespace) -> Dict[str, Any]:
+    return {} if args.threads is None else {'threads': args.threads}
+
+
+def _print_result(args: argparse.Namespace, manifest: Dict[str, Any]) -> None:
     cut = manifest['edge_cut']
     balance = manifest['balance']
     print(f"Wrote {manifest['num_parts']} parts to {args.out} "
@@ -80,11 +164,6 @@ def _run_partition(args: argparse.Namespace) -> int:
           f"edges {balance['edges_max_over_mean']:.3f}" +
           (f", train {balance['train_max_over_mean']:.3f}"
            if 'train_max_over_mean' in balance else ''))
-    print(f"time: {manifest['time_s']['total']:.1f}s partition, "
-          f"{load_time:.1f}s load")
-    if manifest.get('is_hetero'):
-        print(_type_table(manifest))
-    return 0
 
 
 def _hetero_options(options: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,18 +1,22 @@
 """The partitioner's entry point: :func:`partition_graph` hands a
-homogeneous :class:`~torch_geometric.data.Data` to
+homogeneous :class:`~torch_geometric.data.Data` or a graph on disk
+(:mod:`~pyg_sar.partition.ondisk`) to
 :mod:`~pyg_sar.partition.homogeneous` and a
 :class:`~torch_geometric.data.HeteroData` to
 :mod:`~pyg_sar.partition.heterogeneous`."""
-from typing import Any, Dict, Optional
+import os
+from typing import Any, Dict, Optional, Union
 
 from torch_geometric.data import Data, HeteroData
 
 from pyg_sar.partition.heterogeneous import partition_hetero_graph
 from pyg_sar.partition.homogeneous import write_homogeneous
+from pyg_sar.partition.ondisk import GraphOnDisk
+from pyg_sar.partition.pyg_inputs import normalize_pyg_inputs
 
 
 def partition_graph(
-    data: Data,
+    data: Union[Data, HeteroData, str, os.PathLike, GraphOnDisk],
     num_parts: int,
     out_dir: str,
     method: str = 'metis',
@@ -21,6 +25,7 @@ def partition_graph(
     overwrite: bool = False,
     progress: Optional[bool] = None,
     allow_non_finite: bool = False,
+    threads: Optional[int] = None,
 ) -> Dict[str, Any]:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
     :obj:`out_dir` in PyG's distributed on-disk format.
@@ -29,6 +34,19 @@ def partition_graph(
     :func:`pyg_sar.partition.heterogeneous.partition_hetero_graph` (every
     node type balanced, per-type ids, PyG's heterogeneous layout); the rest
     of this description is about a homogeneous :class:`Data`.
+
+    A graph on disk (a directory written by
+    :func:`~pyg_sar.partition.ondisk.save_graph` or laid out as
+    :mod:`~pyg_sar.partition.ondisk` describes, or a
+    :class:`~pyg_sar.partition.ondisk.GraphOnDisk`) is read memory-mapped:
+    its files are checked (size against header, dtype, shape) and its data
+    streamed (ids in range, no NaN or inf, labels) before any shard is
+    written, then edges and rows are read a chunk at a time, so that
+    neither :obj:`edge_index` nor :obj:`x` is ever whole in memory beyond
+    what the assignment needs. Given the same assignment the files are
+    byte for byte those of the in-memory path. K processes can write the
+    shards in parallel (``torchrun ... -m pyg_sar.cli partition --input``):
+    :func:`~pyg_sar.comm.partition_writers.partition_graph_parallel`.
 
     Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
     :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
@@ -53,13 +71,24 @@ def partition_graph(
     fails instead of replacing the first's output.
 
     Args:
-        data (torch_geometric.data.Data or HeteroData): The graph.
+        data (torch_geometric.data.Data or HeteroData or str or GraphOnDisk):
+            The graph, in memory or a graph directory.
         num_parts (int): Number of parts, between 1 and the number of nodes.
         out_dir (str): Output directory. Must be empty or absent unless
             :obj:`overwrite` is set.
         method (str, optional): :obj:`"metis"` (k-way METIS on the
-            symmetrized graph) or :obj:`"random"` (balanced random
-            assignment). (default: :obj:`"metis"`)
+            symmetrized graph, pymetis, single-threaded),
+            :obj:`"kaminpar"` (KaMinPar, ``pip install kaminpar``: a cut
+            like METIS's in a fraction of its memory; run on a temporary
+            ParHIP file in a child process, so a crash is a one-line
+            error; node balance capped at 1.01) or :obj:`"random"`
+            (balanced random assignment). See
+            :func:`pyg_sar.partition.assign.assign_parts`.
+            (default: :obj:`"metis"`)
+        threads (int, optional): KaMinPar's threads. The seed reproduces
+            KaMinPar's assignment with one thread only; more threads are
+            faster but differ from run to run. Ignored by the other
+            methods. (default: :obj:`1`)
         balance_train (bool, optional): If set and :obj:`data.train_mask`
             exists, also balance the number of training nodes per part.
             (default: :obj:`True`)
@@ -80,12 +109,15 @@ def partition_graph(
     Returns:
         The manifest written to :obj:`out_dir/pyg_sar.json`.
     """
+    data = normalize_pyg_inputs(data)  # adj_t, RandomLinkSplit attributes
     if isinstance(data, HeteroData):
         return partition_hetero_graph(
             data, num_parts, out_dir, method=method,
             balance_train=balance_train, seed=seed, overwrite=overwrite,
             progress=progress, allow_non_finite=allow_non_finite)
+    # threads is passed only when set, so that writers without it still run.
+    extra = {} if threads is None else {'threads': threads}
     return write_homogeneous(
         data, num_parts, out_dir, method=method, balance_train=balance_train,
         seed=seed, overwrite=overwrite, progress=progress,
-        allow_non_finite=allow_non_finite)
+        allow_non_finite=allow_non_finite, **extra)

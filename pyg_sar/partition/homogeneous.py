@@ -1,109 +1,79 @@
-"""Graph partitioning into PyG's on-disk distributed format, and loading.
-
-:func:`partition_graph` splits a :class:`~torch_geometric.data.Data` into
-:obj:`num_parts` parts (METIS or random), relabels nodes and edges so that
-every part owns one contiguous range of new ids, and writes the layout of
+"""The homogeneous partitioner: :func:`write_homogeneous` checks a
+:class:`~torch_geometric.data.Data` or a graph on disk
+(:mod:`~pyg_sar.partition.ondisk`), assigns every node to a part, relabels
+nodes so that every part owns one contiguous range of new ids (stable in
+the input order) and edges so that every part's in-edges get contiguous new
+ids sorted by :obj:`(dst, src)`, and writes the layout of
 :class:`torch_geometric.distributed.Partitioner` (readable by
 :class:`~torch_geometric.distributed.LocalGraphStore` and
 :class:`~torch_geometric.distributed.LocalFeatureStore`) plus a
 ``pyg_sar.json`` manifest and the node permutation ``perm.pt``.
 
-:func:`load_partition` (:mod:`pyg_sar.partition.load`) reads one part back
-as a :class:`Partition`.
+One writer for both inputs (:func:`write_shards`): the edge list is read in
+chunks (:class:`~pyg_sar.partition.edge_source.EdgeSource`) and attribute
+rows a block at a time, every file is streamed to disk
+(:class:`~pyg_sar.partition.stream_save.StreamedSave`), so neither
+:obj:`edge_index` nor :obj:`x` is ever whole in memory beyond what the
+assignment needs. The same function runs as K parallel writers
+(:mod:`pyg_sar.comm.partition_writers`): the files are byte for byte the
+single writer's.
 """
 import os
 import os.path as osp
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from torch_geometric.data import Data
 
-from pyg_sar.partition.assign import (_balance_training_nodes,
-                                      _fill_empty_parts, _metis_parts,
-                                      _random_parts, _symmetric_csr)
-from pyg_sar.partition.finite import check_finite
-from pyg_sar.partition.layout import (EDGE_MAP_FILE, META_FILE,
-                                      NODE_MAP_FILE, PERM_FILE, _part_dir)
-from pyg_sar.partition.common import (_check_edge_index, _check_labels,
-                                      _check_method, _check_num_parts,
-                                      _count_per_part, _is_node_attr_name,
-                                      _manifest_header, _num_classes, _ratio,
-                                      _save, _tensor_info)
+from pyg_sar.partition.assign import assign_parts
+from pyg_sar.partition.common import (_check_method, _check_num_parts,
+                                      _count_per_part, _manifest_header,
+                                      _num_classes, _ratio, _save)
+from pyg_sar.partition.data_source import _data_source
+from pyg_sar.partition.edge_source import (DEFAULT_CHUNK_EDGES, GraphSource,
+                                           torch_dtype)
+from pyg_sar.partition.layout import META_FILE, PERM_FILE
+from pyg_sar.partition.ondisk import GraphOnDisk
 from pyg_sar.partition.out_dir import (_check_out_dir, _write_atomically,
                                        _write_json)
+from pyg_sar.utils.malloc import configure_allocator
+from pyg_sar.partition.shards import (MAX_UNIT_EDGES, LocalExchange,
+                                      write_shards)
 
 
+def open_source(data: Any, allow_non_finite: bool = False
+                ) -> Tuple[GraphSource, Optional[float]]:
+    r"""The :class:`GraphSource` of a :class:`Data`, a
+    :class:`~pyg_sar.partition.ondisk.GraphOnDisk` or a graph directory,
+    checked (the directory's data streamed, before any shard is written)."""
+    if isinstance(data, Data):
+        return _data_source(data, allow_non_finite)
+    if isinstance(data, (str, os.PathLike)):
+        data = GraphOnDisk(data)
+    if not isinstance(data, GraphOnDisk):
+        raise TypeError(f"Expected a 'torch_geometric.data.Data', a "
+                        f"'GraphOnDisk' or a graph directory (got "
+                        f"'{type(data).__name__}')")
+    check_start = time.perf_counter()
+    data.validate(allow_non_finite)
+    return data.source(), time.perf_counter() - check_start
 
-def _split_attributes(
-    data: Data,
-) -> Tuple[int, Tensor, Dict[str, Tensor], Dict[str, Tensor], Dict[str, Any]]:
-    r"""Validates :obj:`data` and sorts its attributes into node-level,
-    edge-level and graph-level ones. A tensor with one row per edge is an
-    edge attribute unless its name is a node attribute's (:obj:`x`,
-    :obj:`y`, :obj:`pos`, :obj:`*_mask`): that is an error, not a silent
-    edge attribute that fails when training indexes nodes with it."""
-    if not isinstance(data, Data):
-        raise TypeError(f"Expected a 'torch_geometric.data.Data' object "
-                        f"(got '{type(data).__name__}')")
 
-    edge_index = _check_edge_index(data.get('edge_index'), 'data.edge_index')
-
-    num_nodes = data.num_nodes
-    if num_nodes is None or num_nodes < 1:
-        raise ValueError(f"'data' must have at least one node "
-                         f"(got num_nodes={num_nodes})")
-    num_edges = edge_index.size(1)
-    if num_edges > 0:
-        low, high = int(edge_index.min()), int(edge_index.max())
-        if low < 0 or high >= num_nodes:
-            bad = low if low < 0 else high
-            raise ValueError(f"'data.edge_index' contains node id {bad}, "
-                             f"outside the valid range [0, {num_nodes - 1}] "
-                             f"for num_nodes={num_nodes}")
-
-    node_attrs: Dict[str, Tensor] = {}
-    edge_attrs: Dict[str, Tensor] = {}
-    graph_attrs: Dict[str, Any] = {}
-    for key, value in data.items():
-        if key in ('edge_index', 'num_nodes'):
-            continue
-        if isinstance(value, Tensor):
-            if value.dim() == 0:
-                graph_attrs[key] = value.item()
-            elif value.size(0) == num_nodes and not (
-                    value.size(0) == num_edges and 'edge' in key):
-                node_attrs[key] = value
-            elif value.size(0) == num_edges and _is_node_attr_name(key):
-                raise ValueError(
-                    f"Node attribute '{key}' has {value.size(0)} rows, "
-                    f"one per edge (num_edges={num_edges}); expected one "
-                    f"per node (num_nodes={num_nodes})")
-            elif value.size(0) == num_edges:
-                edge_attrs[key] = value
-            elif value.numel() == 1:
-                graph_attrs[key] = value.item()
-            else:
-                raise ValueError(
-                    f"Attribute '{key}' has shape {list(value.shape)}; "
-                    f"expected first dimension num_nodes={num_nodes} "
-                    f"(node attribute) or num_edges={num_edges} (edge "
-                    f"attribute), or a single graph-level value")
-        elif isinstance(value, (bool, int, float, str)) or value is None:
-            graph_attrs[key] = value
-        else:
-            raise ValueError(
-                f"Attribute '{key}' has unsupported type "
-                f"'{type(value).__name__}'; expected a tensor (node or edge "
-                f"attribute) or a Python scalar (graph attribute)")
-    return num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs
+def _train_mask(source: GraphSource) -> Optional[Tensor]:
+    mask = source.node_attrs.get('train_mask')
+    if mask is None or torch_dtype(mask) != torch.bool or mask.ndim != 1:
+        return None  # not a usable mask: skip the train statistics
+    return mask if isinstance(mask, Tensor) else torch.from_numpy(
+        np.array(mask))
 
 
 def write_homogeneous(
-    data: Data,
+    data: Any,
     num_parts: int,
     out_dir: str,
     method: str = 'metis',
@@ -112,193 +82,220 @@ def write_homogeneous(
     overwrite: bool = False,
     progress: Optional[bool] = None,
     allow_non_finite: bool = False,
-) -> Dict[str, Any]:
-    """:func:`pyg_sar.partition.partition_graph` for a homogeneous
-    :class:`~torch_geometric.data.Data`."""
+    exchange: Any = None,
+    assignment: Optional[Tensor] = None,
+    chunk_edges: Optional[int] = None,
+    max_unit_edges: int = MAX_UNIT_EDGES,
+    threads: Optional[int] = None,
+) -> Optional[Dict[str, Any]]:
+    r""":func:`pyg_sar.partition.partition_graph` for a homogeneous graph
+    (a :class:`Data` or a graph on disk). With an :obj:`exchange` of K
+    writers (:mod:`pyg_sar.comm.partition_writers`) every rank calls it:
+    rank 0 checks the input, assigns the parts and writes the manifest,
+    every rank writes its share of the shards; rank 0 returns the manifest,
+    the others :obj:`None`. :obj:`assignment` (one part id per node) skips
+    the partitioner. :obj:`chunk_edges` (edges read at a time) defaults to
+    1/16 of the edges, between 1M and 16M. :obj:`threads`: KaMinPar's
+    (see :func:`~pyg_sar.partition.assign.assign_parts`)."""
     start_time = time.perf_counter()
-    _check_method(method)
+    configure_allocator()  # freed chunk-sized blocks go back to the OS
+    exchange = exchange or LocalExchange()
     out_dir = osp.abspath(os.fspath(out_dir))
-    num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
-        _split_attributes(data)
-    _check_num_parts(num_parts, num_nodes)
-    _check_labels(node_attrs)
-    check_time = None
-    if not allow_non_finite:
-        check_start = time.perf_counter()
-        check_finite(node_attrs, edge_attrs)
-        check_time = time.perf_counter() - check_start
-    _check_out_dir(out_dir, overwrite)
-
-    train_mask = node_attrs.get('train_mask')
-    if train_mask is not None and (train_mask.dtype != torch.bool
-                                   or train_mask.dim() != 1):
-        train_mask = None  # not a usable mask: skip the train statistics
+    if exchange.rank != 0:
+        return _follow(data, num_parts, exchange, chunk_edges,
+                       max_unit_edges)
+    try:
+        _check_method(method)
+        source, check_time = open_source(data, allow_non_finite)
+        _check_num_parts(num_parts, source.num_nodes)
+        if assignment is not None:
+            assignment = _check_assignment(assignment, source.num_nodes,
+                                           num_parts)
+        _check_out_dir(out_dir, overwrite)
+    except BaseException as e:
+        _report(exchange, e)
+        raise
+    chunk_edges = _chunk_edges(chunk_edges, source)
+    train_mask = _train_mask(source)
+    started = []
 
     def write(tmp_dir: str, bar: tqdm) -> Dict[str, Any]:
-        return _write_partition(tmp_dir, num_nodes, edge_index, node_attrs,
-                                edge_attrs, graph_attrs, num_parts, method,
-                                balance_train, seed, train_mask, bar)
-
-    return _write_atomically(out_dir, write, 4 + num_parts, progress,
-                             start_time, check_time, overwrite)
-
-
-
-def _write_partition(
-    root: str,
-    num_nodes: int,
-    edge_index: Tensor,
-    node_attrs: Dict[str, Tensor],
-    edge_attrs: Dict[str, Tensor],
-    graph_attrs: Dict[str, Any],
-    num_parts: int,
-    method: str,
-    balance_train: bool,
-    seed: int,
-    train_mask: Optional[Tensor],
-    bar: tqdm,
-) -> Dict[str, Any]:
-    timings: Dict[str, float] = {}
-    num_edges = edge_index.size(1)
-    generator = torch.Generator().manual_seed(seed)
-    balance_mask = train_mask if balance_train else None
-
-    # 1. Assign every node to a part.
-    stage_start = time.perf_counter()
-    num_swapped = 0
-    if method == 'random' or num_parts == 1:
-        bar.set_postfix_str('random assignment')
-        part = _random_parts(num_nodes, num_parts, generator, balance_mask)
-        bar.update(2)
-    else:
-        bar.set_postfix_str('symmetrize')
-        rowptr, row, col = _symmetric_csr(edge_index, num_nodes)
+        timings: Dict[str, float] = {}
+        try:
+            stage_start = time.perf_counter()
+            if assignment is None:
+                part, num_swapped = _assign_parts(
+                    source, num_parts, method, seed,
+                    train_mask if balance_train else None, bar, timings,
+                    osp.dirname(out_dir), threads)
+            else:
+                part, num_swapped = assignment, 0
+                bar.update(2)
+            timings['assign'] = round(time.perf_counter() - stage_start, 3)
+            stage_start = time.perf_counter()
+            new_id, node_ptr = _relabel(part, num_parts)
+            del part
+            timings['relabel'] = round(time.perf_counter() - stage_start, 3)
+        except BaseException as e:
+            _report(exchange, e)
+            raise
+        _sync(exchange, ('ok', tmp_dir))
+        started.append(True)
+        exchange.broadcast(node_ptr)
+        exchange.broadcast(new_id)
         bar.update(1)
-        timings['symmetrize'] = round(time.perf_counter() - stage_start, 3)
-        metis_start = time.perf_counter()
-        bar.set_postfix_str('METIS')
-        if col.numel() == 0:
-            # Nothing to cut: any balanced assignment is optimal.
-            part = _random_parts(num_nodes, num_parts, generator,
-                                 balance_mask)
+        stage_start = time.perf_counter()
+        stats = write_shards(tmp_dir, source, new_id, node_ptr, num_parts,
+                             exchange, bar, chunk_edges, max_unit_edges,
+                             _save_skeleton)
+        _write_json({'num_parts': num_parts, 'node_types': None,
+                     'edge_types': None, 'node_offset': None,
+                     'is_hetero': False, 'is_sorted': True},
+                    osp.join(tmp_dir, META_FILE))
+        timings['write'] = round(time.perf_counter() - stage_start, 3)
+        return _manifest(source, num_parts, method, seed, balance_train,
+                         train_mask, num_swapped, node_ptr, stats, timings)
+
+    try:
+        manifest = _write_atomically(out_dir, write, 4 + num_parts,
+                                     progress, start_time, check_time,
+                                     overwrite)
+    except BaseException as e:
+        if started:  # the other writers wait for the outcome
+            _report(exchange, e)
+        raise
+    if exchange.world_size > 1:
+        _sync(exchange, ('ok', None))
+    return manifest
+
+
+def _chunk_edges(chunk_edges: Optional[int], source: GraphSource) -> int:
+    if chunk_edges is not None:
+        return chunk_edges
+    return min(DEFAULT_CHUNK_EDGES, max(1 << 20, source.num_edges // 16))
+
+
+def _save_skeleton(obj: Any, path: str) -> None:
+    # Looked up at call time: tests replace `_save` to fail or stall writes.
+    _save(obj, path)
+
+
+def _sync(exchange: Any, mine: Tuple[str, Any]) -> Any:
+    r"""Every writer's status (:obj:`('ok' | 'error', payload)`), gathered;
+    raises if another writer failed; returns rank 0's payload."""
+    items = exchange.gather_objects(mine)
+    for rank, item in enumerate(items):
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise RuntimeError(f'Partition writer {rank} is out of step '
+                               f'(sent {type(item).__name__})')
+        if item[0] == 'error' and rank != exchange.rank:
+            raise RuntimeError(f'Partition writer {rank} failed: {item[1]}')
+    return items[0][1]
+
+
+def _report(exchange: Any, error: BaseException) -> None:
+    r"""Tells the other writers that this one failed (they raise too)."""
+    if exchange.world_size == 1:
+        return
+    text = str(error).splitlines()[0] if str(error) else ''
+    try:
+        _sync(exchange, ('error', f'{type(error).__name__}: {text}'))
+    except RuntimeError:
+        pass  # another writer failed too; this one's error is raised
+
+
+def _follow(data: Any, num_parts: int, exchange: Any,
+            chunk_edges: Optional[int], max_unit_edges: int) -> None:
+    r"""A writer of rank > 0: waits for rank 0's checks and assignment,
+    writes its share of the shards, waits for the manifest."""
+    error = None
+    try:
+        if isinstance(data, Data):
+            source = _data_source(data, True)[0]
         else:
-            part = _metis_parts(rowptr, col, num_parts, seed)
-            _fill_empty_parts(part, row, col, num_parts)
-        del rowptr
-        timings['metis'] = round(time.perf_counter() - metis_start, 3)
-        if balance_mask is not None and int(balance_mask.sum()) > 0:
-            bar.set_postfix_str('balance training nodes')
-            num_swapped = _balance_training_nodes(part, row, col,
-                                                  balance_mask, num_parts)
-        del row, col
-        bar.update(1)
-    timings['assign'] = round(time.perf_counter() - stage_start, 3)
+            source = (data if isinstance(data, GraphOnDisk) else
+                      GraphOnDisk(data)).source()
+        chunk_edges = _chunk_edges(chunk_edges, source)
+    except Exception as e:  # noqa: BLE001 - reported, then raised
+        error = e
+    text = '' if error is None else str(error).splitlines()[0]
+    tmp_dir = _sync(exchange, ('ok', None) if error is None else
+                    ('error', f'{type(error).__name__}: {text}'))
+    if error is not None:
+        raise error
+    node_ptr = exchange.broadcast(torch.empty(num_parts + 1,
+                                              dtype=torch.long))
+    new_id = exchange.broadcast(torch.empty(source.num_nodes,
+                                            dtype=torch.long))
+    write_shards(tmp_dir, source, new_id, node_ptr, num_parts, exchange,
+                 tqdm(disable=True), chunk_edges, max_unit_edges,
+                 _save_skeleton)
+    _sync(exchange, ('ok', None))  # rank 0 hashed and renamed the output
+    return None
 
-    # 2. Relabel nodes (stable by part) and edges (by new (dst, src)).
-    stage_start = time.perf_counter()
-    bar.set_postfix_str('relabel')
-    part_sizes = _count_per_part(part, num_parts)
+
+def _check_assignment(assignment: Any, num_nodes: int,
+                      num_parts: int) -> Tensor:
+    if not isinstance(assignment, Tensor) or assignment.dim() != 1 or \
+            assignment.numel() != num_nodes or assignment.is_floating_point():
+        raise ValueError(f"'assignment' must be an integer tensor of shape "
+                         f"[{num_nodes}] (num_nodes)")
+    assignment = assignment.long()
+    low, high = int(assignment.min()), int(assignment.max())
+    counts = torch.bincount(assignment.clamp(0, num_parts - 1),
+                            minlength=num_parts)
+    if low < 0 or high >= num_parts or int(counts.min()) == 0:
+        raise ValueError(f"'assignment' must give every node a part in "
+                         f"[0, {num_parts - 1}] and every part a node (got "
+                         f"ids in [{low}, {high}])")
+    return assignment
+
+
+def _assign_parts(source: GraphSource, num_parts: int, method: str,
+                  seed: int, balance_mask: Optional[Tensor], bar: tqdm,
+                  timings: Dict[str, float], tmp_dir: str,
+                  threads: Optional[int]) -> Tuple[Tensor, int]:
+    r"""One part id per node (:func:`~pyg_sar.partition.assign.assign_parts`
+    on the source's edge chunks; KaMinPar's input file in :obj:`tmp_dir`)
+    and the number of training-node swaps."""
+    part, stats = assign_parts(source.edges, num_parts, method, seed,
+                               balance_mask, threads=threads,
+                               tmp_dir=tmp_dir,
+                               progress_callback=bar.set_postfix_str)
+    bar.update(2)
+    timings.update(stats['timings'])
+    return part, stats['num_swapped']
+
+
+def _relabel(part: Tensor, num_parts: int) -> Tuple[Tensor, Tensor]:
+    r"""New node ids, stable by part: :obj:`(new_id, node_ptr)`, part
+    :obj:`i` owning :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1`."""
+    sizes = _count_per_part(part, num_parts)
     node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-    torch.cumsum(part_sizes, dim=0, out=node_ptr[1:])
-    perm = torch.sort(part, stable=True).indices  # new id -> input id
-    new_id = torch.empty_like(perm)
-    new_id[perm] = torch.arange(num_nodes)
+    torch.cumsum(sizes, dim=0, out=node_ptr[1:])
+    new_id = torch.empty(part.numel(), dtype=torch.long)
+    for i in range(num_parts):
+        ids = (part == i).nonzero().view(-1)
+        new_id[ids] = torch.arange(int(node_ptr[i]), int(node_ptr[i + 1]))
+    return new_id, node_ptr
 
-    src_part = part[edge_index[0]]
-    dst_part = part[edge_index[1]]
-    is_cut = src_part != dst_part
-    num_cut = int(is_cut.sum())
-    remote_edges = _count_per_part(dst_part[is_cut], num_parts)
-    del src_part, dst_part
 
-    sort_key = new_id[edge_index[1]] * num_nodes + new_id[edge_index[0]]
-    sort_key, edge_perm = torch.sort(sort_key, stable=True)
-    new_dst = sort_key // num_nodes
-    new_src = sort_key - new_dst * num_nodes
-    del sort_key, new_id
-    edge_ptr = torch.searchsorted(new_dst, node_ptr)
+def _manifest(source: GraphSource, num_parts: int, method: str, seed: int,
+              balance_train: bool, train_mask: Optional[Tensor],
+              num_swapped: int, node_ptr: Tensor, stats: Dict[str, Any],
+              timings: Dict[str, float]) -> Dict[str, Any]:
+    part_sizes = node_ptr[1:] - node_ptr[:-1]
+    edge_ptr = stats['edge_ptr']
     edge_sizes = edge_ptr[1:] - edge_ptr[:-1]
-    bar.update(1)
-    timings['relabel'] = round(time.perf_counter() - stage_start, 3)
-
-    # 3. Write the parts in PyG's homogeneous layout.
-    stage_start = time.perf_counter()
-    halo_nodes: List[int] = []
-    train_counts: List[int] = []
-    for i in range(num_parts):
-        bar.set_postfix_str(f'write part {i}')
-        part_dir = _part_dir(root, i)
-        os.makedirs(part_dir)
-        node_start, node_end = int(node_ptr[i]), int(node_ptr[i + 1])
-        edge_start, edge_end = int(edge_ptr[i]), int(edge_ptr[i + 1])
-        # Clone slices: torch.save of a view writes its whole storage.
-        row = new_src[edge_start:edge_end].clone()
-        col = new_dst[edge_start:edge_end].clone()
-        edge_id = torch.arange(edge_start, edge_end)
-        _save(
-            {
-                'edge_id': edge_id,
-                'row': row,
-                'col': col,
-                'size': (num_nodes, num_nodes),
-            }, osp.join(part_dir, 'graph.pt'))
-        is_remote = (row < node_start) | (row >= node_end)
-        halo_nodes.append(int(torch.unique(row[is_remote]).numel()))
-        del row, col, is_remote
-
-        input_node_ids = perm[node_start:node_end]
-        node_feats = {
-            key: value[input_node_ids]
-            for key, value in node_attrs.items()
-        }
-        if train_mask is not None:
-            train_counts.append(int(node_feats['train_mask'].sum()))
-        _save(
-            {
-                'global_id': torch.arange(node_start, node_end),
-                'feats': node_feats,
-            }, osp.join(part_dir, 'node_feats.pt'))
-        del node_feats
-
-        input_edge_ids = edge_perm[edge_start:edge_end]
-        edge_feats = {
-            key: value[input_edge_ids]
-            for key, value in edge_attrs.items()
-        }
-        _save({
-            'global_id': edge_id,
-            'feats': edge_feats
-        }, osp.join(part_dir, 'edge_feats.pt'))
-        del edge_feats
-        bar.update(1)
-
-    bar.set_postfix_str('write maps')
-    _save(torch.repeat_interleave(torch.arange(num_parts), part_sizes),
-          osp.join(root, NODE_MAP_FILE))
-    _save(torch.repeat_interleave(torch.arange(num_parts), edge_sizes),
-          osp.join(root, EDGE_MAP_FILE))
-    _save(perm, osp.join(root, PERM_FILE))
-    _write_json(
-        {
-            'num_parts': num_parts,
-            'node_types': None,
-            'edge_types': None,
-            'node_offset': None,
-            'is_hetero': False,
-            'is_sorted': True,
-        }, osp.join(root, META_FILE))
-    bar.update(1)
-    timings['write'] = round(time.perf_counter() - stage_start, 3)
-
-    parts = []
-    for i in range(num_parts):
-        parts.append({
-            'num_nodes': int(part_sizes[i]),
-            'num_edges': int(edge_sizes[i]),
-            'num_train_nodes': train_counts[i] if train_counts else None,
-            'num_remote_edges': int(remote_edges[i]),
-            'num_halo_nodes': halo_nodes[i],
-        })
+    train_counts = stats['train_counts'] if train_mask is not None else []
+    num_edges, num_cut = source.num_edges, stats['num_cut']
+    parts = [{
+        'num_nodes': int(part_sizes[i]),
+        'num_edges': int(edge_sizes[i]),
+        'num_train_nodes': train_counts[i] if train_counts else None,
+        'num_remote_edges': int(stats['remote_edges'][i]),
+        'num_halo_nodes': stats['halo_nodes'][i],
+    } for i in range(num_parts)]
     balance = {
         'nodes_max_over_mean': round(_ratio(part_sizes), 4),
         'edges_max_over_mean': round(_ratio(edge_sizes), 4),
@@ -306,7 +303,8 @@ def _write_partition(
     if train_counts:
         balance['train_max_over_mean'] = round(
             _ratio(torch.tensor(train_counts)), 4)
-
+    node_attrs, edge_attrs = source.node_attrs, source.edge_attrs
+    y = node_attrs.get('y')
     return {
         **_manifest_header(),
         'num_parts': num_parts,
@@ -314,7 +312,7 @@ def _write_partition(
         'balance_train': bool(balance_train and train_mask is not None),
         'train_swaps': num_swapped,
         'seed': seed,
-        'num_nodes': num_nodes,
+        'num_nodes': source.num_nodes,
         'num_edges': num_edges,
         'node_ptr': node_ptr.tolist(),
         'edge_ptr': edge_ptr.tolist(),
@@ -327,15 +325,29 @@ def _write_partition(
         'perm_file': PERM_FILE,
         'node_attr_names': list(node_attrs),
         'edge_attr_names': list(edge_attrs),
-        'num_classes': _num_classes(node_attrs.get('y')),
+        'num_classes': _num_classes(None if y is None else (
+            y if isinstance(y, Tensor) else _labels_for_count(y))),
         'source': {
-            'num_nodes': num_nodes,
+            'num_nodes': source.num_nodes,
             'num_edges': num_edges,
-            'node_attrs': {k: _tensor_info(v)
-                           for k, v in node_attrs.items()},
-            'edge_attrs': {k: _tensor_info(v)
-                           for k, v in edge_attrs.items()},
-            'graph_attrs': graph_attrs,
+            'node_attrs': {k: _info(v) for k, v in node_attrs.items()},
+            'edge_attrs': {k: _info(v) for k, v in edge_attrs.items()},
+            'graph_attrs': source.graph_attrs,
         },
         'time_s': timings,
     }
+
+
+def _info(value: Any) -> Dict[str, Any]:
+    return dict(shape=list(value.shape), dtype=str(torch_dtype(value)))
+
+
+def _labels_for_count(y: Any) -> Tensor:
+    r"""Labels on disk as a tensor for :func:`_num_classes`: a multi-label
+    target needs only its shape, class ids their maximum (streamed)."""
+    if y.ndim == 2 and y.shape[1] > 1 or y.dtype.kind not in 'iu':
+        return torch.empty((0, ) + tuple(y.shape[1:]), dtype=torch_dtype(y)) \
+            if y.shape[0] == 0 else torch.from_numpy(np.array(y[:1]))
+    high = max((int(np.max(y[s:s + (1 << 24)]))
+                for s in range(0, y.shape[0], 1 << 24)), default=-1)
+    return torch.tensor([high])
