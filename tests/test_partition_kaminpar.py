@@ -245,3 +245,26 @@ def _exact_worker(rank, world_size, root):
                     {n: p.grad for n, p in conv.named_parameters()}))
     halo_slices_with_chunks(None)
     return results
+
+
+
+def test_heterogeneous_graph_partitioned_by_kaminpar(tmp_path, monkeypatch):
+    """``method='kaminpar'`` on a HeteroData runs KaMinPar, not METIS under
+    its name, and every node of every type lands in exactly one part."""
+    import pyg_sar
+    from pyg_sar.partition import heterogeneous
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _hetero import hard_hetero
+
+    def no_metis(*args, **kwargs):
+        raise AssertionError('METIS ran for method="kaminpar"')
+
+    monkeypatch.setattr(heterogeneous, '_metis_parts', no_metis)
+    data = hard_hetero()
+    root = str(tmp_path / 'k')
+    manifest = pyg_sar.partition_graph(data, 3, root, method='kaminpar')
+    assert manifest['method'] == 'kaminpar'
+    parts = [pyg_sar.load_partition(root, rank) for rank in range(3)]
+    for node_type in data.node_types:
+        assert sum(p.num_local_nodes_dict[node_type] for p in parts) == \
+            data[node_type].num_nodes

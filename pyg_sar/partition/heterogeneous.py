@@ -25,7 +25,9 @@ from torch_geometric.data import HeteroData
 from pyg_sar.partition.assign import (_balance_node_type,
                                       _balance_training_nodes,
                                       _fill_empty_parts, _metis_parts,
-                                      _random_parts, _symmetric_csr)
+                                      _random_parts, _symmetric_csr,
+                                      assign_parts)
+from pyg_sar.partition.edge_source import TensorEdgeSource
 from pyg_sar.partition.finite import check_finite
 from pyg_sar.partition.hetero_input import EdgeType, HeteroInput, split_hetero
 from pyg_sar.partition.layout import (EDGE_MAP_DIR, EDGE_PERM_DIR, META_FILE,
@@ -79,8 +81,9 @@ def partition_hetero_graph(
             nodes.
         out_dir (str): Output directory. Must be empty or absent unless
             :obj:`overwrite` is set.
-        method (str, optional): :obj:`"metis"` or :obj:`"random"` (balanced
-            per type). (default: :obj:`"metis"`)
+        method (str, optional): :obj:`"metis"`, :obj:`"kaminpar"` (all node
+            types as one graph, then every type balanced as after METIS) or
+            :obj:`"random"` (balanced per type). (default: :obj:`"metis"`)
         balance_train (bool, optional): Balance the training nodes
             (:obj:`train_mask`) of every node type that has them.
             (default: :obj:`True`)
@@ -161,14 +164,19 @@ def _assign(graph: HeteroInput, num_parts: int, method: str,
             [[offsets[e[0]]], [offsets[e[2]]]]) for e in graph.edge_types
     ], dim=1) if graph.edge_types else torch.empty(2, 0, dtype=torch.long)
     rowptr, row, col = _symmetric_csr(edge_index, total)
-    del edge_index
     timings['symmetrize'] = round(time.perf_counter() - stage_start, 3)
     if col.numel() == 0:
         return random_parts(), 0, 0  # nothing to cut
 
     stage_start = time.perf_counter()
-    part = _metis_parts(rowptr, col, num_parts, seed)
-    del rowptr
+    if method == 'kaminpar':
+        # All node types as one graph, as METIS sees it; the structure
+        # above stays for the per-type and training-node balancing.
+        part, _ = assign_parts(TensorEdgeSource(edge_index, total),
+                               num_parts, 'kaminpar', seed=seed)
+    else:
+        part = _metis_parts(rowptr, col, num_parts, seed)
+    del rowptr, edge_index
     _fill_empty_parts(part, row, col, num_parts)
     timings['metis'] = round(time.perf_counter() - stage_start, 3)
 
