@@ -12,7 +12,9 @@ import torch_geometric.nn.conv as pyg_conv
 
 import pyg_sar
 from pyg_sar.nn import DistMessagePassing, convertible, to_distributed
+from pyg_sar.nn.adapter import DistAdapter
 from pyg_sar.nn.convert import REFUSAL_REASONS
+from _dist import run_workers
 from _graphs import hard_graph
 from test_zoo_exact import ZOO
 
@@ -22,7 +24,14 @@ TWINS = {pyg_nn.GCNConv, pyg_nn.SAGEConv, pyg_nn.GraphConv, pyg_nn.GINConv,
          pyg_nn.GATConv, pyg_nn.GATv2Conv}
 # Exactness tests: tests/test_rgcn_exact.py, tests/test_hetero_exact.py.
 RELATIONAL = {pyg_nn.RGCNConv, pyg_nn.FastRGCNConv, pyg_nn.HGTConv,
-              pyg_nn.HeteroConv}
+              pyg_nn.HeteroConv,
+              # tests/test_hetero_zoo_exact.py
+              pyg_nn.RGATConv, pyg_nn.HEATConv, pyg_nn.HANConv}
+GLOBAL = {pyg_nn.GPSConv}  # tests/test_gps_exact.py
+# tests/test_zoo_refused_exact.py
+ONCE_REFUSED = {pyg_nn.EGConv, pyg_nn.PDNConv, pyg_nn.DNAConv,
+                pyg_nn.AntiSymmetricConv, pyg_nn.SignedConv, pyg_nn.WLConv,
+                pyg_nn.SuperGATConv}
 
 
 def _bare(cls):
@@ -33,7 +42,8 @@ def _bare(cls):
 
 
 def test_every_pyg_conv_converts_exactly_or_is_refused_by_name():
-    tested = TWINS | RELATIONAL | {type(make()) for make, _ in ZOO.values()}
+    tested = TWINS | RELATIONAL | GLOBAL | ONCE_REFUSED | {
+        type(make()) for make, _ in ZOO.values()}
     converted, refused = [], []
     for name in pyg_conv.__all__:
         cls = getattr(pyg_conv, name)
@@ -150,3 +160,181 @@ def test_attention_score_reading_index_is_refused(graph):
     with pytest.raises(ValueError, match="does not support message reads "
                        r"\['index'\]"):
         ScoreWithIndex()(part.x, pyg_sar.DistGraph(part))
+
+
+# Every stock layer with an engine twin, across its aggregation options ######
+# (strings, modules, lists, learnable parameters, aggr_kwargs, other flows):
+# each converts exactly (to its twin or through the whole-neighborhood
+# fallback) or is refused by name. World size 2, one spawn for all cases.
+
+def _aggr_options():
+    from torch_geometric.nn import aggr as A
+    strings = ['sum', 'add', 'mean', 'max', 'min', 'mul', 'var', 'std',
+               'median', 'softmax', 'powermean', 'lstm']
+    opts = {f'aggr={s!r}': dict(aggr=s) for s in strings}
+    opts.update({
+        'SoftmaxAggregation(learn=True)':
+            lambda: dict(aggr=A.SoftmaxAggregation(learn=True)),
+        'SoftmaxAggregation(t=0.5)':
+            lambda: dict(aggr=A.SoftmaxAggregation(t=0.5)),
+        'PowerMeanAggregation(learn=True)':
+            lambda: dict(aggr=A.PowerMeanAggregation(learn=True)),
+        'MultiAggregation([mean, max])':
+            lambda: dict(aggr=A.MultiAggregation(['mean', 'max'])),
+        'QuantileAggregation(0.25)':
+            lambda: dict(aggr=A.QuantileAggregation(0.25)),
+        'MeanAggregation()': lambda: dict(aggr=A.MeanAggregation()),
+        "['mean', 'max']": dict(aggr=['mean', 'max']),
+        "['sum', 'std', 'min']": dict(aggr=['sum', 'std', 'min']),
+        "softmax + aggr_kwargs learn": dict(aggr='softmax',
+                                            aggr_kwargs={'learn': True}),
+        'LSTMAggregation(4, 4)': lambda: dict(aggr=A.LSTMAggregation(4, 4)),
+        "flow='target_to_source'": dict(flow='target_to_source'),
+    })
+    return opts
+
+
+AGGR_OPTIONS = _aggr_options()
+AGGR_LAYERS = {
+    'SAGEConv': lambda kw: pyg_nn.SAGEConv(6, 4, **kw),
+    'GraphConv': lambda kw: pyg_nn.GraphConv(6, 4, **kw),
+    'GCNConv': lambda kw: pyg_nn.GCNConv(6, 4, **kw),
+    'GINConv': lambda kw: pyg_nn.GINConv(torch.nn.Sequential(
+        torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4)),
+        train_eps=True, **kw),
+    'GATConv': lambda kw: pyg_nn.GATConv(6, 4, heads=2, **kw),
+    'GATv2Conv': lambda kw: pyg_nn.GATv2Conv(6, 4, heads=2, **kw),
+    'RGCNConv': lambda kw: pyg_nn.RGCNConv(6, 4, num_relations=2, **kw),
+    'FastRGCNConv': lambda kw: pyg_nn.FastRGCNConv(6, 4, num_relations=2,
+                                                   **kw),
+    'HGTConv': lambda kw: pyg_nn.HGTConv(6, 4, (['a'], [('a', 'to', 'a')]),
+                                         heads=2, **kw),
+    'GraphSAGE': lambda kw: pyg_nn.GraphSAGE(6, 4, 2, **kw),
+}
+# Typed layers: their configurations are checked to convert to the twin
+# (exact: tests/test_rgcn_exact.py, tests/test_hetero_exact.py) or to be
+# refused; the others run here.
+TYPED = {'RGCNConv', 'FastRGCNConv', 'HGTConv'}
+_AGGR_CHUNK = 19
+
+
+def _stock(layer, option):
+    """The stock layer (seeded), or None where PyG itself rejects it."""
+    kw = AGGR_OPTIONS[option]
+    torch.manual_seed(0)
+    try:
+        module = AGGR_LAYERS[layer](kw() if callable(kw) else dict(kw))
+        if layer not in TYPED:
+            # Sorted by destination: what sequence aggregations need.
+            data = hard_graph().sort(sort_by_row=False)
+            out = module(data.x, data.edge_index)
+            if out.size(0) != data.num_nodes:
+                return None  # e.g. GATConv(flow='target_to_source')
+    except Exception:
+        return None
+    # Learnable aggregation parameters away from their initial values.
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if 'aggr_module' in name:
+                p.add_(0.3)
+    return module
+
+
+def _classify(module, layer):
+    """('twin'|'adapted', module) or ('refused', message)."""
+    try:
+        dist = to_distributed(copy.deepcopy(module))
+    except ValueError as e:
+        name = layer if layer != 'GraphSAGE' else 'SAGEConv'
+        if name in str(e) and '\n' not in str(e):
+            return 'refused', str(e)
+        raise
+    return 'converted', dist
+
+
+def _aggr_probe(n, shape):
+    gen = torch.Generator().manual_seed(5)
+    return torch.randn(n, *shape, generator=gen)
+
+
+def _aggr_eval(module, x, graph, ids, n):
+    x = x.clone().requires_grad_()
+    out = module(x, graph)
+    (out * _aggr_probe(n, out.shape[1:])[ids]).sum().backward()
+    return (out.detach(), x.grad,
+            {k: p.grad for k, p in module.named_parameters()})
+
+
+def _aggr_worker(rank, world_size, root, cases):
+    part = pyg_sar.load_partition(root, rank)
+    n = int(part.num_nodes)
+    results = {'ids': part.orig_ids}
+    for mode, chunk in (('sar', _AGGR_CHUNK), ('one_shot', None)):
+        graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
+        for layer, option in cases:
+            stock = _stock(layer, option)
+            _, dist = _classify(stock, layer)
+            try:
+                results[(mode, layer, option)] = _aggr_eval(
+                    dist, part.x, graph, part.orig_ids, n)
+            except Exception as e:  # counted as neither by the parent
+                results[(mode, layer, option)] = repr(e)[:300]
+    return results
+
+
+@pytest.mark.slow
+def test_every_twin_aggregation_option_is_exact_or_refused(tmp_path):
+    data = hard_graph()
+    counts = {'exact': 0, 'refused': 0, 'neither': []}
+    to_run = []
+    for layer in AGGR_LAYERS:
+        for option in AGGR_OPTIONS:
+            stock = _stock(layer, option)
+            if stock is None:
+                continue
+            try:
+                kind, dist = _classify(stock, layer)
+            except Exception as e:  # a third-party error escaping
+                counts['neither'].append((layer, option, repr(e)[:200]))
+                continue
+            if kind == 'refused':
+                counts['refused'] += 1
+            elif layer in TYPED:
+                twin = type(dist).__module__.startswith('pyg_sar.nn.conv')
+                aggr_ok = stock.aggr in ('mean', 'sum', 'add', 'max', 'min')
+                if twin and aggr_ok and not isinstance(dist, DistAdapter):
+                    counts['exact'] += 1
+                else:
+                    counts['neither'].append((layer, option, 'converted'))
+            else:
+                to_run.append((layer, option))
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, 2, root)
+    results = run_workers(_aggr_worker, 2, root, to_run, timeout_s=300)
+    ids = torch.cat([r['ids'] for r in results])
+    for layer, option in to_run:
+        ref = _aggr_eval(_stock(layer, option), data.x, data.edge_index,
+                         torch.arange(data.num_nodes), data.num_nodes)
+        bad = []
+        for mode in ('sar', 'one_shot'):
+            got = [r[(mode, layer, option)] for r in results]
+            if any(isinstance(g, str) for g in got):
+                bad.append(f'{mode}: ' + next(g for g in got
+                                               if isinstance(g, str)))
+                continue
+            pairs = [('out', torch.cat([g[0] for g in got]), ref[0][ids]),
+                     ('dx', torch.cat([g[1] for g in got]), ref[1][ids])]
+            pairs += [(f'd{k}', sum(g[2][k] for g in got), v)
+                      for k, v in ref[2].items() if v is not None]
+            for what, a, b in pairs:
+                scale = b.abs().max().clamp(min=1.0)
+                if not torch.allclose(a / scale, b / scale, rtol=1e-4,
+                                      atol=1e-4):
+                    bad.append(f'{mode} {what}')
+        if bad:
+            counts['neither'].append((layer, option, bad))
+        else:
+            counts['exact'] += 1
+    assert counts['neither'] == [], counts['neither']
+    # Learnable, list, module and kwarg options all counted, none skipped.
+    assert counts['exact'] >= 60 and counts['refused'] >= 10, counts

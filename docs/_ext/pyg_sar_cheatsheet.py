@@ -35,10 +35,16 @@ from pyg_sar.nn.gcn_norm import NORMALIZED
 ENGINE = 'SAR engine'
 NEIGHBORHOODS = 'whole neighborhoods'
 INNER = 'inner layers converted'
+DEDICATED = 'a distributed layer of its own'
 STATISTICS = 'whole-graph statistics'
 AS_IS = 'unchanged'
 REFUSED = 'refused'
-PATHS = (ENGINE, NEIGHBORHOODS, INNER, STATISTICS, AS_IS, REFUSED)
+PATHS = (ENGINE, NEIGHBORHOODS, DEDICATED, INNER, STATISTICS, AS_IS,
+         REFUSED)
+# Containers: the layers inside are converted, each on its own path. Every
+# other registered composite is a distributed layer written for its class
+# (global attention, semantic attention, color tables, ...).
+CONTAINERS = (pyg_nn.HeteroConv, pyg_nn.DirGNNConv)
 BASE = 'base class'  # MessagePassing itself: not a layer, not counted
 GCN_NORM = "GCN normalization with the halo's degrees"
 
@@ -94,9 +100,11 @@ def classify(stock: type) -> Row:
     if stock in NORMALIZED or stock in convert.ADAPTED:
         return Row(stock, NEIGHBORHOODS, _public_subclass(sar_conv, stock),
                    GCN_NORM if stock in NORMALIZED else '')
-    if stock in convert._COMPOSITE or stock is pyg_nn.DirGNNConv:
-        # Containers: their inner layers are converted, each on its own path.
+    if stock in CONTAINERS:
         return Row(stock, INNER, _required_target(sar_conv, stock, INNER))
+    if stock in convert._COMPOSITE:
+        return Row(stock, DEDICATED,
+                   _required_target(sar_conv, stock, DEDICATED))
     if stock in convert.convertible():
         raise ExtensionError(
             f'pyg-sar-cheatsheet: to_distributed converts {name}, but the '

@@ -168,8 +168,8 @@ def _input_edges(graph) -> Tuple[Tensor, Tensor]:
     return graph.derived['input_edges']
 
 
-def negative_sampling(graph, num_neg_samples: Optional[Union[int,
-                                                             float]] = None,
+def negative_sampling(graph, num_nodes: Optional[int] = None,
+                      num_neg_samples: Optional[Union[int, float]] = None,
                       method: str = 'sparse',
                       force_undirected: bool = False) -> Tensor:
     """PyG's :func:`torch_geometric.utils.negative_sampling` for the whole
@@ -178,6 +178,10 @@ def negative_sampling(graph, num_neg_samples: Optional[Union[int,
     force_undirected)`` returns on one machine for the input graph's
     ``edge_index``, given the same state of Python's ``random`` on every
     worker. Every worker gets all K negatives (score a share of them each).
+
+    Same signature as PyG's, with the :class:`~pyg_sar.DistGraph` in place
+    of ``edge_index``; ``num_nodes``, if given, must be the graph's number
+    of nodes (``graph.num_global_nodes``).
 
     Candidates are drawn as PyG draws them; each worker checks a share of
     them against the edges of their destinations' owners. Memory: the
@@ -194,6 +198,12 @@ def negative_sampling(graph, num_neg_samples: Optional[Union[int,
                         f"None (got {type(num_neg_samples).__name__}; "
                         f"bipartite sizes are not supported)")
     N = graph.num_global_nodes
+    if num_nodes is not None and (isinstance(num_nodes, bool) or
+                                  not isinstance(num_nodes, int) or
+                                  num_nodes != N):
+        raise ValueError(f"negative_sampling: num_nodes={num_nodes!r} is not "
+                         f"the graph's number of nodes ({N}); pass "
+                         f"num_neg_samples by keyword")
     size = (N, N)
     src, dst = _input_edges(graph)
     if force_undirected:

@@ -78,7 +78,7 @@ class DistAdapter:
                 flow=self.flow, dtype=_dtype(values))
             ei = NormalizedEdges(ei)
         values['edge_index'] = ei
-        log_once(self, 'a stock PyG layer')
+        log_once(self, _reason(self, stock, values))
         previous, self._sar_graph = self._sar_graph, run_graph
         try:
             return stock(*bound.args, **bound.kwargs)
@@ -95,8 +95,24 @@ class DistAdapter:
     def edge_updater(self, edge_index: Tensor, size=None, **kwargs: Any):
         if self._sar_graph is None:
             return super().edge_updater(edge_index, size=size, **kwargs)
+        if self.flow != 'source_to_target':
+            raise ValueError(f"{type(self).__name__}: edge_updater with "
+                             f"flow='target_to_source' is not supported "
+                             f"over a DistGraph")
         return whole_propagate(self, self._sar_graph, edge_index, kwargs,
                                'edge_updater')
+
+
+def _reason(module, stock, values: Dict[str, Any]) -> str:
+    """What the exactness log line says: a layer that takes an
+    ``edge_weight`` but is given none runs unweighted (PyG would read the
+    weights from ``adj_t``; over a DistGraph they are ``part.edge_weight``)."""
+    if 'edge_weight' in inspect.signature(stock).parameters and \
+            values.get('edge_weight') is None:
+        return ("a stock PyG layer; given no edge_weight, it runs "
+                "unweighted: pass part.edge_weight where the stock script "
+                "passed a weighted adj_t")
+    return 'a stock PyG layer'
 
 
 def _first_tensor(values: Dict[str, Any]) -> Optional[Tensor]:

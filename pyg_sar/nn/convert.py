@@ -6,7 +6,14 @@ weights, dtype, device, ``requires_grad`` flags and training mode (the
 
 * layers with a SAR-engine twin in :mod:`pyg_sar.nn` (``GCNConv``,
   ``SAGEConv``, ``GraphConv``, ``GINConv``, ``GATConv``, ``GATv2Conv``):
-  replaced by the twin;
+  replaced by the twin where it implements the layer's configuration
+  exactly (:func:`_twin_fits`); otherwise (an ``Aggregation`` module, a
+  list, learnable aggregation parameters, ``aggr_kwargs``, another flow,
+  hooks) adapted as below. Aggregations that read neighbors as a sequence
+  (:data:`ORDERED_AGGREGATIONS`) are refused by name. Lazy (``-1``) input
+  sizes stay lazy: they materialize on the first forward, and on the first
+  distributed one the ranks check that they agree
+  (:func:`agree_lazy_shapes`);
 * layers that are exact over whole neighborhoods (:mod:`pyg_sar.nn.adapter`,
   with a source-side normalization where they need one,
   :mod:`pyg_sar.nn.gcn_norm`): adapted in place;
@@ -16,16 +23,20 @@ weights, dtype, device, ``requires_grad`` flags and training mode (the
 Every other ``MessagePassing`` layer, and every module known to mix node
 rows without a distributed version, is refused by name.
 """
+import copy
 import warnings
 from typing import Callable, Dict, Type
 
 import torch
 import torch_geometric.nn as pyg_nn
 import torch_geometric.nn.conv as pyg_conv
+from torch.nn.parameter import UninitializedTensorMixin
 from torch_geometric.nn import MessagePassing
 
+from pyg_sar import comm
+from pyg_sar.graph import DistGraph
 from pyg_sar.nn.adapter import DistAdapter, adapt
-from pyg_sar.nn.conv.cheb_conv import ChebConv  # noqa: F401 (registers)
+from pyg_sar.nn.conv.cheb_conv import ChebConv
 from pyg_sar.nn.conv.dir_gnn_conv import adapt_dir_gnn
 from pyg_sar.nn.conv.gat_conv import GATConv
 from pyg_sar.nn.conv.gatv2_conv import GATv2Conv
@@ -68,6 +79,9 @@ def _with_transform_first(stock, twin):
     return twin
 
 
+# Imported for their registrations (pyg_sar.nn.adapter.register_adapted).
+_REGISTERED = (ChebConv, )
+
 # Layers with a SAR-engine twin, rebuilt with their own constructor args.
 _TWINS: Dict[Type, Callable] = {
     pyg_nn.SAGEConv: lambda m: _with_transform_first(m, SAGEConv(
@@ -94,6 +108,23 @@ _TWINS: Dict[Type, Callable] = {
         **_gat_args(m), share_weights=m.share_weights),
 }
 
+# Twins whose stock layer has no whole-neighborhood fallback here (typed
+# edges): a configuration outside the twin is refused by name.
+_TWIN_ONLY = (pyg_nn.RGCNConv, pyg_nn.FastRGCNConv, pyg_nn.HGTConv)
+_TYPED_AGGRS = ('mean', 'sum', 'add', 'max', 'min')
+# Aggregations that read neighbors as a sequence (refused, by name).
+ORDERED_AGGREGATIONS = frozenset({
+    'LSTMAggregation', 'GRUAggregation', 'SortAggregation',
+    'GraphMultisetTransformer', 'MLPAggregation', 'SetTransformerAggregation',
+    'LCMAggregation', 'PatchTransformerAggregation'})
+_MP_HOOKS = ('_propagate_forward_pre_hooks', '_propagate_forward_hooks',
+             '_message_forward_pre_hooks', '_message_forward_hooks',
+             '_aggregate_forward_pre_hooks', '_aggregate_forward_hooks',
+             '_message_and_aggregate_forward_pre_hooks',
+             '_message_and_aggregate_forward_hooks',
+             '_edge_update_forward_pre_hooks', '_edge_update_forward_hooks',
+             '_forward_hooks', '_forward_pre_hooks', '_backward_hooks')
+
 # Layers whose own forward is exact over whole neighborhoods (each one has
 # an exactness test in tests/test_zoo_exact.py).
 ADAPTED = (
@@ -104,17 +135,17 @@ ADAPTED = (
     pyg_nn.MFConv, pyg_nn.FiLMConv, pyg_nn.GatedGraphConv, pyg_nn.GMMConv,
     pyg_nn.ChebConv, pyg_nn.PointNetConv, pyg_nn.PPFConv,
     pyg_nn.PointTransformerConv, pyg_nn.PointGNNConv, pyg_nn.WLConvContinuous,
+    pyg_nn.RGATConv, pyg_nn.HEATConv,  # tests/test_hetero_zoo_exact.py
 )
 
 
-# Not per-destination: heterogeneous dispatch, global attention over all
-# nodes (every other class of torch_geometric.nn.conv that is not
-# convertible is refused too).
-REFUSED = (pyg_nn.GPSConv, )
+# Stock classes refused outright (none at present; every class of
+# torch_geometric.nn.conv that is not convertible is refused too).
+# GPSConv converts: pyg_sar/nn/conv/gps_conv.py registers it.
+REFUSED: tuple = ()
 _CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
 _KNN = 'builds a kNN graph over all nodes inside the layer'
 _KERNEL = 'needs an optional compiled kernel package'
-_HETERO = 'heterogeneous or relational (see the heterogeneous-graph work)'
 _SOURCE_NORM = ('normalizes by source-side degrees inside forward, not yet '
                 'distributed')
 # Why each refused conv class is refused (named in the error).
@@ -123,15 +154,12 @@ REFUSAL_REASONS = {
     'CuGraphRGCNConv': _KERNEL, 'FusedGATConv': _KERNEL,
     'SplineConv': _KERNEL, 'GravNetConv': _KNN, 'DynamicEdgeConv': _KNN,
     'XConv': _KNN,
-    'RGATConv': _HETERO, 'HEATConv': _HETERO,
-    'HANConv': _HETERO,
     'SignedConv': 'takes two edge sets (positive and negative)',
     'HypergraphConv': 'aggregates over hyperedges, not edges',
     'PANConv': 'needs a SparseTensor path-integral adjacency',
     'WLConv': 'hashes colors in a table over all nodes',
     'SuperGATConv': 'samples negative edges over all nodes in training',
     'MeshCNNConv': 'convolves mesh edges, not graph nodes',
-    'GPSConv': 'global attention over all nodes',
     'EGConv': _SOURCE_NORM, 'PDNConv': _SOURCE_NORM, 'DNAConv': _SOURCE_NORM,
     'AntiSymmetricConv': 'calls an inner conv on its own edge_index',
 }
@@ -159,7 +187,7 @@ def convert_children(module: torch.nn.Module, prefix: str,
 def convertible() -> tuple:
     """Every stock class :func:`to_distributed` converts."""
     return tuple(_TWINS) + ADAPTED + tuple(NORMALIZED) + tuple(
-        NORM_CONVERTERS) + (pyg_nn.DirGNNConv, pyg_nn.HeteroConv)
+        NORM_CONVERTERS) + (pyg_nn.DirGNNConv, ) + tuple(_COMPOSITE)
 
 
 def to_distributed(model: torch.nn.Module,
@@ -198,18 +226,31 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
     cls = type(module)
     if isinstance(module, (DistMessagePassing, DistAdapter)):
         return module
+    if isinstance(module, MessagePassing) and (
+            cls in _TWINS or cls in NORMALIZED or cls in ADAPTED):
+        _refuse_ordered_aggregation(module, path)
     if cls in _TWINS:
-        if _twin_keeps_state(module):
+        fits = _twin_fits(module)
+        if fits and (cls not in _TWIN_ONLY or module.aggr in _TYPED_AGGRS):
             return _rebuild(module, _TWINS[cls])
-        # A state the twin's constructor cannot recreate (DirGNNConv turns
-        # root_weight off after lin_r exists): the stock forward, adapted.
+        if cls in _TWIN_ONLY:
+            raise ValueError(
+                f"to_distributed: {cls.__name__}{_at(path)} with "
+                f"aggr={module.aggr!r} (or another setting its pyg_sar "
+                f"version does not take) is not supported; use aggr='mean', "
+                f"'sum', 'max' or 'min'")
+        # A configuration the twin does not implement (an Aggregation
+        # module, a list of aggregations, aggr_kwargs, another flow or
+        # node_dim, hooks) or a state its constructor cannot recreate
+        # (DirGNNConv turns root_weight off after lin_r exists): the stock
+        # forward, adapted (whole neighborhoods, exact).
         _convert_children(module, f'{path}.' if path else '', strict)
-        return adapt(module)
+        return agree_lazy_shapes(adapt(module))
     if cls in NORM_CONVERTERS:
         return NORM_CONVERTERS[cls](module)
     if cls in NORMALIZED or cls in ADAPTED:
         _convert_children(module, f'{path}.' if path else '', strict)
-        return adapt(module)
+        return agree_lazy_shapes(adapt(module))
     if cls in _COMPOSITE:
         return _COMPOSITE[cls](module, path, strict)
     if cls is pyg_nn.DirGNNConv:
@@ -237,27 +278,130 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
     return module
 
 
-def _twin_keeps_state(module: torch.nn.Module) -> bool:
+def _at(path: str) -> str:
+    return f" at '{path}'" if path else ''
+
+
+def _refuse_ordered_aggregation(module, path: str) -> None:
+    """Refuses what the whole-neighborhood path cannot run exactly:
+    ``edge_updater`` with ``flow='target_to_source'``, and aggregations that read each destination's neighbors as an ordered
+    sequence (PyG asks for ``edge_index`` sorted by destination) are
+    refused: a partition renumbers and regroups the edges."""
+    if module.flow != 'source_to_target' and \
+            type(module).edge_update is not MessagePassing.edge_update:
+        raise ValueError(
+            f"to_distributed: {type(module).__name__}{_at(path)} with "
+            f"flow='target_to_source' computes per-edge values in "
+            f"edge_update(), which is not supported over a DistGraph; use "
+            f"flow='source_to_target' on the reversed edge_index")
+    aggr = getattr(module, 'aggr_module', None)
+    for m in (aggr.modules() if isinstance(aggr, torch.nn.Module) else ()):
+        if type(m).__name__ in ORDERED_AGGREGATIONS:
+            raise ValueError(
+                f"to_distributed: {type(module).__name__}{_at(path)} "
+                f"aggregates with {type(m).__name__}, which reads each "
+                f"destination's neighbors in edge order (edge_index sorted "
+                f"by destination); a partition does not keep that order, so "
+                f"it is not supported: use an order-free aggregation (e.g. "
+                f"'mean', 'max', SoftmaxAggregation, MultiAggregation)")
+
+
+def _mp_config(m) -> tuple:
+    """What a MessagePassing layer's math depends on besides its
+    parameters: aggregation (with its kwargs), flow and node_dim."""
+    aggr = 'add' if m.aggr == 'sum' else m.aggr
+    return (aggr, repr(m.aggr_module), m.flow, m.node_dim)
+
+
+def _twin_fits(module: torch.nn.Module) -> bool:
+    """Whether the engine twin implements this stock layer's configuration
+    exactly: a plain string aggregation without learnable parameters, the
+    same aggregation, flow and node_dim as the twin builds, no hooks, and
+    the same ``state_dict`` (keys and initialized shapes)."""
+    if not isinstance(getattr(module, 'aggr', None), str):
+        return False  # a list of aggregations
+    aggr = getattr(module, 'aggr_module', None)
+    if aggr is not None and next(aggr.parameters(), None) is not None:
+        return False  # learnable (buffers, e.g. a quantile, are compared)
+    if any(getattr(module, h, None) for h in _MP_HOOKS):
+        return False
+    make = _TWINS[type(module)]
+    try:
+        with torch.device('meta'):
+            if isinstance(module, pyg_nn.GINConv):
+                # Its constructor would reset the shared nn: probe with an
+                # empty one (GINConv's nn is kept whole by _rebuild).
+                probe = copy.copy(module)
+                probe._modules = dict(module._modules, nn=torch.nn.Identity())
+                twin = make(probe)
+            else:
+                twin = make(module)
+    except Exception:  # the twin cannot be built with these arguments
+        return False
+    if not isinstance(twin, MessagePassing) or \
+            _mp_config(twin) != _mp_config(module):
+        return False
+    ours, theirs = twin.state_dict(), module.state_dict()
     if isinstance(module, pyg_nn.GINConv):
-        return True  # its constructor would reset the shared nn
-    with torch.device('meta'):
-        twin = _TWINS[type(module)](module)
-    return set(twin.state_dict()) == set(module.state_dict())
+        ours = {k: v for k, v in ours.items() if not k.startswith('nn.')}
+        theirs = {k: v for k, v in theirs.items() if not k.startswith('nn.')}
+    if set(ours) != set(theirs):
+        return False
+    return all(_lazy(v) or _lazy(theirs[k]) or v.shape == theirs[k].shape
+               for k, v in ours.items())
+
+
+def _lazy(t) -> bool:
+    return isinstance(t, UninitializedTensorMixin)
+
+
+def agree_lazy_shapes(module: torch.nn.Module) -> torch.nn.Module:
+    """A layer with lazy (``-1``) input sizes infers them from its first
+    input: on its first call with a :class:`~pyg_sar.DistGraph`, every rank
+    checks (one gather) that all ranks see the same input widths, so that
+    every rank materializes the same shapes (one clear error naming the
+    layer and each rank's widths otherwise)."""
+    if not any(_lazy(p) for p in module.parameters()):
+        return module
+    handle = module.register_forward_pre_hook(_agree_on_first_call,
+                                              with_kwargs=True)
+    module.__dict__['_sar_lazy_hook'] = handle.id
+    return module
+
+
+def _agree_on_first_call(module, args, kwargs):
+    values = list(args) + list(kwargs.values())
+    if not any(isinstance(v, DistGraph) for v in values):
+        return None
+    module._forward_pre_hooks.pop(module.__dict__.pop('_sar_lazy_hook'),
+                                  None)
+    widths = [tuple(t.shape[1:]) if isinstance(t, torch.Tensor) else None
+              for v in values if not isinstance(v, DistGraph)
+              for t in (v if isinstance(v, (tuple, list)) else [v])]
+    comm.agree(f'initializing the lazy layer {type(module).__name__}',
+               {f'input widths of {type(module).__name__}': widths})
+    return None
 
 
 def _rebuild(module: torch.nn.Module, make: Callable) -> torch.nn.Module:
     # Snapshot first: constructors reset parameters of shared submodules
     # (GINConv's nn).
-    state = {k: v.clone() for k, v in module.state_dict().items()}
+    state = {k: v if _lazy(v) else v.clone()
+             for k, v in module.state_dict().items()}
     flags = {k: p.requires_grad for k, p in module.named_parameters()}
-    param = next(module.parameters(), None)
-    new = make(module)
+    param = next((p for p in module.parameters() if not _lazy(p)), None)
+    # The constructor's random initialization is overwritten by the state:
+    # it must not advance the random state either (a lazy layer draws its
+    # weights at its first forward, as in the stock model).
+    with torch.random.fork_rng(devices=[]):
+        new = make(module)
     if isinstance(module, pyg_nn.GINConv):
         to_distributed(module.nn)
     if param is not None:
         new = new.to(device=param.device, dtype=param.dtype)
     new.load_state_dict(state, strict=True)
     for name, p in new.named_parameters():
-        p.requires_grad_(flags.get(name, p.requires_grad))
+        if not _lazy(p):  # a lazy one takes its flag when materialized
+            p.requires_grad_(flags.get(name, p.requires_grad))
     new.train(module.training)
-    return new
+    return agree_lazy_shapes(new)

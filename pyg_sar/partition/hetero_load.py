@@ -17,7 +17,31 @@ from pyg_sar.partition.reader import (PartFiles, _check_rank,
 EdgeType = Tuple[str, str, str]
 
 
-class NodePart:
+class _Subscript:
+    """``part[node_type][attr]`` as PyG's ``data[node_type][attr]``: the
+    attribute ``attr`` of the store (a field or a stored attribute)."""
+
+    def __getitem__(self, key: str):
+        if not isinstance(key, str) or key.startswith('_') or \
+                not hasattr(self, key):
+            raise KeyError(
+                f"{type(self).__name__} has no attribute {key!r}; stored "
+                f"attributes: {sorted(self._stored())}")
+        return getattr(self, key)
+
+    def __contains__(self, key: Any) -> bool:
+        return isinstance(key, str) and key in self._stored()
+
+    def keys(self) -> List[str]:
+        """The stored attribute names (as PyG's ``store.keys()``)."""
+        return list(self._stored())
+
+    def _stored(self) -> Dict[str, Tensor]:
+        return getattr(self, 'node_attrs', None) or getattr(
+            self, 'edge_attrs', {})
+
+
+class NodePart(_Subscript):
     r"""The local nodes of one node type in a :class:`HeteroPartition`.
 
     Part :obj:`rank` owns the new per-type ids :obj:`node_ptr[rank]` to
@@ -48,7 +72,7 @@ class NodePart:
                 f"node_attrs={self.node_attr_names})")
 
 
-class EdgePart:
+class EdgePart(_Subscript):
     r"""The local edges of one edge type in a :class:`HeteroPartition`: the
     in-edges of the part's destination nodes, in CSC order. The in-edges of
     local destination :obj:`v` (the :obj:`v`-th local node of the
