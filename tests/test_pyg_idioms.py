@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 import torch_geometric.transforms as T
-from torch_geometric.nn import GCN2Conv
+from torch_geometric.nn import GCN2Conv, GCNConv
 from torch_geometric.utils import negative_sampling
 
 import pyg_sar
@@ -44,15 +44,14 @@ class Net(torch.nn.Module):
                          shared_weights, normalize=False))
         self.dropout = dropout
 
-    def forward(self, x, adj_t, edge_weight=None):
+    def forward(self, x, adj_t):
         x = F.dropout(x, self.dropout, training=self.training)
         x = x_0 = self.lins[0](x).relu()
         for conv in self.convs:
             x = F.dropout(x, self.dropout, training=self.training)
-            # Stock: conv(x, x_0, adj_t). Distributed: the DistGraph stands
-            # in for adj_t and its values come as the partition's
-            # edge_weight.
-            x = conv(x, x_0, adj_t, edge_weight)
+            # Distributed, the DistGraph stands in for adj_t, its values
+            # included: the call is the stock script's.
+            x = conv(x, x_0, adj_t)
             x = x.relu()
         x = F.dropout(x, self.dropout, training=self.training)
         return self.lins[1](x)
@@ -64,8 +63,7 @@ def gcn2_data():
     return T.Compose([T.GCNNorm(), T.ToSparseTensor()])(data)
 
 
-def gcn2_curve(x, adj_t, y, mask, total, edge_weight=None, dist=False,
-               epochs=8):
+def gcn2_curve(x, adj_t, y, mask, total, dist=False, epochs=8):
     torch.manual_seed(0)
     model = Net(x.size(1), 16, 3, num_layers=4, alpha=0.1, theta=0.5)
     if dist:
@@ -75,7 +73,7 @@ def gcn2_curve(x, adj_t, y, mask, total, edge_weight=None, dist=False,
     for _ in range(epochs):
         model.train()
         optimizer.zero_grad()
-        out = model(x, adj_t, edge_weight)
+        out = model(x, adj_t)
         loss = F.cross_entropy(out[mask], y[mask], reduction='sum') / total
         loss.backward()
         if dist:
@@ -91,7 +89,7 @@ def _gcn2_worker(rank, world_size, root):
     graph = pyg_sar.DistGraph(part)
     mask = part.train_mask
     return gcn2_curve(part.x, graph, part.y, mask, pyg_sar.global_count(mask),
-                      edge_weight=part.edge_weight, dist=True)
+                      dist=True)
 
 
 def test_adj_t_becomes_edge_index_and_edge_weight(tmp_path):
@@ -308,21 +306,42 @@ def test_negative_sampling_takes_pyg_signature(tmp_path):
         assert 'num_nodes=121' in bad
 
 
-def test_layer_given_no_edge_weight_says_so_in_the_exactness_line(
-        tmp_path, caplog):
+def test_graph_stands_in_for_weighted_adj_t(tmp_path):
+    """A layer called as in the stock script, ``conv(x, x_0, graph)``, reads
+    the partitioned adj_t's values as PyG reads them from ``adj_t``; an
+    explicit edge_weight still wins."""
     data = gcn2_data()
     root = str(tmp_path / 'parts')
     pyg_sar.partition_graph(data, 1, root)
     part = pyg_sar.load_partition(root, 0)
     conv = to_distributed(GCN2Conv(6, 0.1, normalize=False))
-    x = part.x
-    with caplog.at_level('WARNING', logger='pyg_sar'):
-        conv(x, x, pyg_sar.DistGraph(part))
-    assert any('unweighted' in r.getMessage() and 'exact' in r.getMessage()
-               for r in caplog.records), caplog.text
-    # Given part.edge_weight, the layer is PyG's on adj_t.
-    out = conv(x, x, pyg_sar.DistGraph(part), part.edge_weight)
     ref = GCN2Conv(6, 0.1, normalize=False)
     ref.load_state_dict(conv.state_dict())
-    torch.testing.assert_close(out, ref(data.x, data.x, data.adj_t)[
+    x, graph = part.x, pyg_sar.DistGraph(part)
+    expected = ref(data.x, data.x, data.adj_t)[part.orig_ids]
+    torch.testing.assert_close(conv(x, x, graph), expected)
+    torch.testing.assert_close(conv(x, x, graph, part.edge_weight), expected)
+    ones = torch.ones_like(part.edge_weight)
+    assert not torch.allclose(conv(x, x, graph, edge_weight=ones), expected)
+    # The same on the engine (a twin): GCNConv over the normalized adj_t.
+    gcn = to_distributed(GCNConv(6, 4, normalize=False))
+    stock = GCNConv(6, 4, normalize=False)
+    stock.load_state_dict(gcn.state_dict())
+    torch.testing.assert_close(gcn(x, graph), stock(data.x, data.adj_t)[
         part.orig_ids])
+
+
+def test_weights_a_layer_does_not_read_are_said_in_the_exactness_line(
+        tmp_path, caplog):
+    """A partition holding edge_weight (not adj_t's), given to a layer
+    called without it: the log line that claims exactness says so."""
+    data = hard_graph()
+    assert 'edge_weight' in data
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, 1, root)
+    part = pyg_sar.load_partition(root, 0)
+    conv = to_distributed(GCN2Conv(data.num_features, 0.1, normalize=False))
+    with caplog.at_level('WARNING', logger='pyg_sar'):
+        conv(part.x, part.x, pyg_sar.DistGraph(part))
+    assert any('does not read' in r.getMessage() and 'exact' in
+               r.getMessage() for r in caplog.records), caplog.text

@@ -132,7 +132,13 @@ class DistGraph:
         view = object.__new__(DistGraph)
         view.__dict__.update(self.__dict__)
         view._views, view._source_cache, view.derived = {}, {}, {}
+        view.adj_t_values = None  # per edge of this graph, not of the view
         return view
+
+    # Set by __init__; graphs built otherwise (views, relation graphs) have
+    # no partitioned adj_t values and name no partition edge attributes.
+    adj_t_values: Optional[Tensor] = None
+    partition_edge_attrs: Tuple[str, ...] = ()
 
     def __init__(self, part, mode: str = 'sar',
                  chunk_size: Optional[int] = None,
@@ -148,6 +154,15 @@ class DistGraph:
         comm.ensure_channels()
         # Input-graph id of every local node (link prediction: global_ids).
         self.orig_ids = part.orig_ids
+        # Edge attributes of the partition (named in the log line of a layer
+        # that does not read them), and the values of a partitioned adj_t
+        # that this graph stands in for (pyg_sar/nn/adj_values.py).
+        self.partition_edge_attrs = tuple(getattr(part, 'edge_attr_names',
+                                                  ()))
+        source = (getattr(part, 'manifest', None) or {}).get('source', {})
+        self.adj_t_values = None
+        if source.get('graph_attrs', {}).get('adj_t_values') == 'edge_weight':
+            self.adj_t_values = part.edge_attrs['edge_weight']
 
         self._setup(part.node_ptr, int(part.num_local_nodes),
                     int(part.num_nodes), part.csc_ptr, part.csc_src,
@@ -239,6 +254,8 @@ class DistGraph:
                              else self.node_ptr)
         self._csc_degree = self.in_degree
         self.edge_ids = move(self.edge_ids)
+        if self.adj_t_values is not None:
+            self.adj_t_values = move(self.adj_t_values)
         self._src_global = move(self._src_global)
         if getattr(self, 'orig_ids', None) is not None:
             self.orig_ids = move(self.orig_ids)

@@ -64,6 +64,11 @@ class DistAdapter:
                 f"(SAGEConv, GraphConv, GINConv, GATConv, GATv2Conv) for "
                 f"this relation")
         values = bound.arguments
+        if 'edge_weight' in values or 'edge_weight' in \
+                inspect.signature(stock).parameters:
+            if values.get('edge_weight') is None and \
+                    graph.adj_t_values is not None:
+                values['edge_weight'] = graph.adj_t_values  # adj_values.py
         if self.flow == 'source_to_target':
             run_graph, ei = graph, graph.halo_edge_index()
         else:
@@ -78,7 +83,7 @@ class DistAdapter:
                 flow=self.flow, dtype=_dtype(values))
             ei = NormalizedEdges(ei)
         values['edge_index'] = ei
-        log_once(self, _reason(self, stock, values))
+        log_once(self, _reason(self, stock, values, graph))
         previous, self._sar_graph = self._sar_graph, run_graph
         try:
             return stock(*bound.args, **bound.kwargs)
@@ -103,15 +108,19 @@ class DistAdapter:
                                'edge_updater')
 
 
-def _reason(module, stock, values: Dict[str, Any]) -> str:
-    """What the exactness log line says: a layer that takes an
-    ``edge_weight`` but is given none runs unweighted (PyG would read the
-    weights from ``adj_t``; over a DistGraph they are ``part.edge_weight``)."""
-    if 'edge_weight' in inspect.signature(stock).parameters and \
-            values.get('edge_weight') is None:
-        return ("a stock PyG layer; given no edge_weight, it runs "
-                "unweighted: pass part.edge_weight where the stock script "
-                "passed a weighted adj_t")
+def _reason(module, stock, values: Dict[str, Any],
+            graph: DistGraph) -> str:
+    """What the exactness log line says, and the edge weights the layer
+    does not read: a partition that holds ``edge_weight`` given to a layer
+    that takes none, or takes one but is given none."""
+    takes = 'edge_weight' in inspect.signature(stock).parameters
+    if 'edge_weight' in graph.partition_edge_attrs and (
+            not takes or values.get('edge_weight') is None):
+        return ("a stock PyG layer; the partition holds edge_weight, which "
+                "this layer does not read" + (
+                    "" if takes else " (it takes no edge weights)") +
+                ": pass edge_weight=part.edge_weight where the stock "
+                "script passed weights")
     return 'a stock PyG layer'
 
 

@@ -10,6 +10,7 @@ from torch_geometric.nn import MessagePassing
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn import engine
+from pyg_sar.nn.adj_values import fill_adj_t_values
 from pyg_sar.nn.neighborhood import log_once, propagate_on_graph
 
 # Reads of these in ``message`` need every in-edge of a destination at once.
@@ -82,6 +83,12 @@ class DistMessagePassing(MessagePassing):
         # PyG would render a propagate() template onto the concrete class,
         # replacing ours; distributed propagation is not template-generated.
         pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A graph partitioned from a weighted adj_t hands its values to a
+        # forward that takes edge_weight and is given none (adj_values.py).
+        args, kwargs = fill_adj_t_values(self.forward, args, kwargs)
+        return super().__call__(*args, **kwargs)
 
     def propagate(self, graph: DistGraph, size=None, add_to: Optional[Tensor]
                   = None, **kwargs: Any) -> Tensor:

@@ -5,9 +5,10 @@
   transposed (row = destination, column = source), with or without values.
   It becomes ``edge_index`` (``[source, destination]``) and, where it holds
   values, ``edge_weight``: the partition stores them as every edge
-  attribute, in its edge order. A layer fed ``adj_t`` in the stock script
-  is fed the :class:`~pyg_sar.DistGraph` and ``part.edge_weight`` (the
-  values PyG multiplies each message by).
+  attribute, in its edge order, marked as ``adj_t``'s values: the
+  :class:`~pyg_sar.DistGraph` of such a partition stands in for ``adj_t``,
+  and a layer that takes ``edge_weight`` and is called without one gets
+  them, as from ``adj_t`` in PyG (:mod:`pyg_sar.nn.adj_values`).
 * ``edge_label`` / ``edge_label_index`` (what ``T.RandomLinkSplit`` adds):
   supervision pairs, not edges of the graph, so they are refused in one line
   that names ``RandomLinkSplit`` and says what to do (keep them aside in
@@ -61,6 +62,9 @@ def normalize_pyg_inputs(data: Any) -> Any:
     out.edge_index = edge_index
     if value is not None:
         out.edge_weight = value
+        # The DistGraph stands in for adj_t, values included
+        # (pyg_sar/nn/adj_values.py).
+        out.adj_t_values = 'edge_weight'
     if 'num_nodes' not in keys and 'x' not in keys:
         out.num_nodes = int(data.adj_t.size(0))
     return out
