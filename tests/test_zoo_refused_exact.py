@@ -242,7 +242,7 @@ def compare(results, case, ref, world_size, ids_key, runs=None):
                 assert_close(total, grad, f'{what} dL/d{name}', dtype)
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
 def test_refused_layers_equal_single_process(world_size, tmp_path):
     data = hard_graph()
     signed = signed_data(data)

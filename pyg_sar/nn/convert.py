@@ -146,22 +146,17 @@ REFUSED: tuple = ()
 _CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
 _KNN = 'builds a kNN graph over all nodes inside the layer'
 _KERNEL = 'needs an optional compiled kernel package'
-_SOURCE_NORM = ('normalizes by source-side degrees inside forward, not yet '
-                'distributed')
 # Why each refused conv class is refused (named in the error).
 REFUSAL_REASONS = {
     'CuGraphSAGEConv': _KERNEL, 'CuGraphGATConv': _KERNEL,
     'CuGraphRGCNConv': _KERNEL, 'FusedGATConv': _KERNEL,
     'SplineConv': _KERNEL, 'GravNetConv': _KNN, 'DynamicEdgeConv': _KNN,
     'XConv': _KNN,
-    'SignedConv': 'takes two edge sets (positive and negative)',
-    'HypergraphConv': 'aggregates over hyperedges, not edges',
-    'PANConv': 'needs a SparseTensor path-integral adjacency',
-    'WLConv': 'hashes colors in a table over all nodes',
-    'SuperGATConv': 'samples negative edges over all nodes in training',
+    'HypergraphConv': 'aggregates over hyperedges (a hypergraph '
+                      'incidence, not graph edges), not partitioned here',
+    'PANConv': 'builds a path-integral adjacency (sums of powers of the '
+               'whole adjacency) as a SparseTensor inside forward',
     'MeshCNNConv': 'convolves mesh edges, not graph nodes',
-    'EGConv': _SOURCE_NORM, 'PDNConv': _SOURCE_NORM, 'DNAConv': _SOURCE_NORM,
-    'AntiSymmetricConv': 'calls an inner conv on its own edge_index',
 }
 
 

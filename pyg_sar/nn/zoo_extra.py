@@ -11,8 +11,7 @@ from typing import Callable
 
 import torch
 
-from pyg_sar.nn.convert import (REFUSAL_REASONS, convert_children,
-                                register_composite)
+from pyg_sar.nn.convert import convert_children, register_composite
 
 # Stock class -> its distributed class (a subclass with the same state).
 DISTRIBUTED = {}
@@ -31,5 +30,3 @@ def register_switch(stock: type, dist: type) -> None:
     module to ``dist`` (a subclass of ``stock`` adding no state)."""
     DISTRIBUTED[stock] = dist
     register_composite(stock, _switch(dist))
-    # It converts now: no reason to refuse it is left (the docs list them).
-    REFUSAL_REASONS.pop(stock.__name__, None)
