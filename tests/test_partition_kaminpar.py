@@ -268,3 +268,18 @@ def test_heterogeneous_graph_partitioned_by_kaminpar(tmp_path, monkeypatch):
     for node_type in data.node_types:
         assert sum(p.num_local_nodes_dict[node_type] for p in parts) == \
             data[node_type].num_nodes
+
+
+def test_auto_method_picks_kaminpar_for_large_graphs(tmp_path, monkeypatch):
+    """``method='auto'`` (the default) runs KaMinPar from
+    ``AUTO_KAMINPAR_EDGES`` edges on and METIS below; the manifest says
+    which ran."""
+    import pyg_sar
+    from pyg_sar.partition import api
+    data = datasets.synthetic_graph(600, 6, 4, 3, seed=0)
+    small = pyg_sar.partition_graph(data, 2, str(tmp_path / 'small'))
+    assert small['method'] == 'metis'
+    monkeypatch.setattr(api, 'AUTO_KAMINPAR_EDGES', data.num_edges)
+    large = pyg_sar.partition_graph(data, 2, str(tmp_path / 'large'))
+    assert large['method'] == 'kaminpar'
+    assert large['balance']['nodes_max_over_mean'] <= 1.01

@@ -29,7 +29,10 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--num-parts', type=int, required=True)
     parser.add_argument('--out', required=True, help='output directory')
     from pyg_sar.partition.layout import METHODS
-    parser.add_argument('--method', choices=list(METHODS), default='metis')
+    parser.add_argument('--method', choices=['auto'] + list(METHODS),
+                        default='auto',
+                        help='kaminpar from 10M edges on, else metis '
+                             '(default: auto)')
     parser.add_argument('--threads', type=int, default=None,
                         help="KaMinPar's threads (default: 1, reproducible)")
     parser.add_argument('--no-balance-train', action='store_true',

@@ -26,7 +26,9 @@ from torch import Tensor
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       all_to_all_v, broadcast_)
 from pyg_sar.comm.process_group import get_rank, get_world_size
+from pyg_sar.partition.api import auto_method
 from pyg_sar.partition.homogeneous import write_homogeneous
+from pyg_sar.partition.ondisk import GraphOnDisk
 from pyg_sar.partition.shards import MAX_UNIT_EDGES
 
 
@@ -67,7 +69,7 @@ def partition_graph_parallel(
     data: Any,
     num_parts: int,
     out_dir: str,
-    method: str = 'metis',
+    method: str = 'auto',
     balance_train: bool = True,
     seed: int = 0,
     overwrite: bool = False,
@@ -100,11 +102,15 @@ def partition_graph_parallel(
     Returns:
         The manifest on rank 0, :obj:`None` on the other ranks.
     """
-    from torch_geometric.data import HeteroData
+    from torch_geometric.data import Data, HeteroData
     if isinstance(data, HeteroData):
         raise ValueError("partition_graph_parallel takes a homogeneous graph "
                          "(Data or a graph directory); partition a "
                          "HeteroData with partition_graph")
+    if method == 'auto':
+        if not isinstance(data, (Data, GraphOnDisk)):
+            data = GraphOnDisk(data)
+        method = auto_method(int(data.num_edges))
     return write_homogeneous(
         data, num_parts, out_dir, method=method, balance_train=balance_train,
         seed=seed, overwrite=overwrite, progress=progress,
