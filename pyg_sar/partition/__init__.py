@@ -1,7 +1,7 @@
 """Stage 1, partitioning: runs once, on one machine, before any worker
 starts. :func:`partition_graph` checks the input graph, a PyG ``Data`` or
 ``HeteroData`` or a graph directory of memory-mapped ``.npy`` files
-(:mod:`~pyg_sar.partition.ondisk`, written by :func:`save_graph`)
+(:mod:`~pyg_sar.partition.ondisk`, written by its ``save_graph``)
 (:mod:`~pyg_sar.partition.common`, :mod:`~pyg_sar.partition.finite`,
 :mod:`~pyg_sar.partition.hetero_input`), assigns every node to a part
 (:mod:`~pyg_sar.partition.assign`: METIS, KaMinPar or random on a
@@ -20,8 +20,6 @@ here communicates.
 from pyg_sar.partition.api import partition_graph
 from pyg_sar.partition.hetero_load import EdgePart, HeteroPartition, NodePart
 from pyg_sar.partition.load import Partition, load_partition
-from pyg_sar.partition.ondisk import GraphOnDisk, save_graph
 
 __all__ = ['partition_graph', 'load_partition', 'Partition',
-           'HeteroPartition', 'NodePart', 'EdgePart', 'save_graph',
-           'GraphOnDisk']
+           'HeteroPartition', 'NodePart', 'EdgePart']
