@@ -27,7 +27,7 @@ import os
 import os.path as osp
 import subprocess
 import sys
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -68,6 +68,19 @@ def _last_line(text: bytes) -> str:
     lines = [line.strip() for line in
              text.decode('utf-8', 'replace').splitlines() if line.strip()]
     return lines[-1] if lines else 'no output'
+
+
+# The peak resident set of the last KaMinPar child in bytes, as it reported
+# it (None where /proc is missing): memory benchmarks add it to the
+# parent's, since the child is a process of its own.
+last_peak_bytes: Optional[int] = None
+
+
+def _peak_from(stdout: bytes) -> Optional[int]:
+    for line in stdout.decode(errors='replace').splitlines():
+        if line.startswith('peak_bytes '):
+            return int(line.split()[1])
+    return None
 
 
 def run_kaminpar(path: str, num_nodes: int, num_parts: int, seed: int,
@@ -125,6 +138,8 @@ def run_kaminpar(path: str, num_nodes: int, num_parts: int, seed: int,
     finally:
         if osp.exists(out):
             os.remove(out)
+    global last_peak_bytes
+    last_peak_bytes = _peak_from(result.stdout)
     if part.numel() and (int(part.min()) < 0 or
                          int(part.max()) >= num_parts):
         raise RuntimeError(

@@ -47,6 +47,11 @@ def main(argv) -> None:
     del g
     np.asarray(part, dtype=np.int32).tofile(out + '.tmp')
     os.replace(out + '.tmp', out)
+    # This process's peak resident set, for the parent's statistics.
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith('VmHWM:'):
+                print(f'peak_bytes {int(line.split()[1]) * 1024}')
 
 
 if __name__ == '__main__':
