@@ -154,8 +154,8 @@ class StreamedSave:
     def _zip64(extra: bytes, size32: int, local: int) -> Tuple[int, int]:
         at = 0
         while at + 4 <= len(extra):
-            tag, length = struct.unpack('<HH', extra[at:at + 4])
-            if tag == 1:
+            field, length = struct.unpack('<HH', extra[at:at + 4])
+            if field == 1:  # the ZIP64 extended information
                 values = list(struct.unpack(f'<{length // 8}Q',
                                             extra[at + 4:at + 4 + length]))
                 nbytes = values.pop(0) if size32 == 0xFFFFFFFF else size32
