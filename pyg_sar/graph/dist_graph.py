@@ -492,8 +492,9 @@ class DistGraph:
                 recv_pos[block.peer] = torch.arange(
                     offset, offset + block.num_src, device=self.device)
                 offset += block.num_src
-            self.derived['halo_plan'] = RowPlan(offset, local, local,
-                                                dict(self.send_ids), recv_pos)
+            self.derived['halo_plan'] = RowPlan(
+                offset, local, local, dict(self.send_ids), recv_pos,
+                concat=[block.peer for block in self.blocks[1:]])
         return self.derived['halo_plan']
 
     def fetch_halo(self, x: Tensor, dim: int = 0) -> Tensor:

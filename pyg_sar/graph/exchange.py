@@ -12,7 +12,7 @@ All communication goes through :mod:`pyg_sar.comm`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
@@ -32,6 +32,12 @@ class RowPlan:
         send_idx: ``{peer: input rows sent to peer}``, in the order the peer
             expects them.
         recv_pos: ``{peer: output positions of the rows it sends}``.
+        concat: The peers, in order, when the output is every input row
+            in order followed by the rows of each of these peers in turn
+            (``local_src`` and ``local_dst`` the identity, ``recv_pos``
+            consecutive ranges in this order, every output row filled): the
+            halo layout. The exchange then runs without index arithmetic
+            (concatenation forward, slices backward). ``None``: any plan.
 
     Output rows that no entry fills are zero. Both sides of every pair of
     peers must hold matching plans (the same counts in the same order).
@@ -41,6 +47,7 @@ class RowPlan:
     local_dst: Tensor
     send_idx: Dict[int, Tensor]
     recv_pos: Dict[int, Tensor]
+    concat: Optional[List[int]] = None
 
     def num_received(self) -> int:
         return sum(int(p.numel()) for p in self.recv_pos.values())
@@ -66,6 +73,13 @@ def _fetch(plan: RowPlan, table: Tensor) -> Tensor:
              for q, idx in plan.send_idx.items()}
     counts = {q: int(pos.numel()) for q, pos in plan.recv_pos.items()}
     received = _exchange(sends, counts, table)
+    if plan.concat is not None:
+        n = int(plan.local_src.numel())
+        if table.shape[0] < n:
+            raise ValueError(f"fetch_rows: the table has {table.shape[0]} "
+                             f"rows; expected at least {n}")
+        return torch.cat([table.narrow(0, 0, n)] +
+                         [received[q] for q in plan.concat])
     out = table.new_zeros((plan.num_out, *table.shape[1:]))
     out.index_copy_(0, _on(plan.local_dst, dev),
                     table.index_select(0, _on(plan.local_src, dev)))
@@ -78,13 +92,29 @@ def _push(plan: RowPlan, rows: Tensor, num_rows: int) -> Tensor:
     """The transpose of :func:`_fetch`: output rows go back to the input
     row they came from and are summed there."""
     dev = rows.device
-    sends = {q: rows.index_select(0, _on(pos, dev))
-             for q, pos in plan.recv_pos.items()}
+    if plan.concat is not None:
+        # The halo layout: each peer's rows are one slice, the local rows
+        # the first n (0 + x is x: the same values as index_add_).
+        n_local = int(plan.local_src.numel())
+        sends, start = {}, n_local
+        for q in plan.concat:
+            n = int(plan.recv_pos[q].numel())
+            sends[q] = rows.narrow(0, start, n)
+            start += n
+    else:
+        sends = {q: rows.index_select(0, _on(pos, dev))
+                 for q, pos in plan.recv_pos.items()}
     counts = {q: int(idx.numel()) for q, idx in plan.send_idx.items()}
     received = _exchange(sends, counts, rows)
-    out = rows.new_zeros((num_rows, *rows.shape[1:]))
-    out.index_add_(0, _on(plan.local_src, dev),
-                   rows.index_select(0, _on(plan.local_dst, dev)))
+    if plan.concat is not None and num_rows == n_local:
+        out = rows[:num_rows].clone(memory_format=torch.contiguous_format)
+    elif plan.concat is not None:
+        out = rows.new_zeros((num_rows, *rows.shape[1:]))
+        out[:n_local] = rows[:n_local]
+    else:
+        out = rows.new_zeros((num_rows, *rows.shape[1:]))
+        out.index_add_(0, _on(plan.local_src, dev),
+                       rows.index_select(0, _on(plan.local_dst, dev)))
     for q, got in received.items():
         out.index_add_(0, _on(plan.send_idx[q], dev), got)
     return out
