@@ -151,6 +151,10 @@ def stock_model(model: str, dims: List[dict], dropout: float = 0.5):
 # Worker ######################################################################
 
 def run_worker(args) -> None:
+    if args.impl == 'sar':
+        # As a pyg_sar script starts: the package before torch, so that its
+        # OpenMP wait policy applies (pyg_sar/utils/openmp.py).
+        __import__('pyg_sar')
     import torch
     import torch.nn.functional as F
     from datetime import timedelta

@@ -2,6 +2,10 @@ import os
 import os.path as osp
 import shutil
 
+# Sleeping OpenMP threads, as ``import pyg_sar`` sets them before torch
+# loads (pyg_sar/utils/openmp.py); test modules import torch first.
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
 import pytest
 
 # Test files of many multi-process runs each (20-190 s apiece on 2 cores):

@@ -297,3 +297,43 @@ def test_csr_matmul_with_more_entries_than_cells():
     small = csr_matmul(crow[:2], col[:4], values[:4], (1, 4), dense.new_zeros(
         4, 5) + 1)
     torch.testing.assert_close(small, values[:4].sum().expand(1, 5))
+
+
+def test_openmp_wait_policy_is_passive_unless_torch_came_first(monkeypatch):
+    """``import pyg_sar`` before torch makes OpenMP threads sleep between
+    parallel regions (the contention collapse of issue #29); after torch, or
+    with a policy of the user's, it changes nothing, and a DistGraph then
+    warns once that threads spin."""
+    import logging
+    import os
+    import subprocess
+    import sys
+    from pyg_sar.utils import openmp
+
+    env = {k: v for k, v in os.environ.items() if k != 'OMP_WAIT_POLICY'}
+
+    def policy(first, extra=None):
+        code = (f"import os; {first}; import pyg_sar, torch; "
+                f"print(os.environ.get('OMP_WAIT_POLICY'))")
+        return subprocess.run([sys.executable, '-c', code],
+                              env={**env, **(extra or {})},
+                              capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert policy('pass') == 'PASSIVE'
+    assert policy('import torch') == 'None'
+    assert policy('pass', {'OMP_WAIT_POLICY': 'ACTIVE'}) == 'ACTIVE'
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    openmp.log.addHandler(handler)
+    monkeypatch.delenv('OMP_WAIT_POLICY', raising=False)
+    monkeypatch.setattr(openmp, '_WARNED', [])
+    try:
+        openmp.warn_if_spinning()
+        openmp.warn_if_spinning()
+    finally:
+        openmp.log.removeHandler(handler)
+    assert len(records) == 1
+    assert 'OMP_WAIT_POLICY=PASSIVE' in records[0].getMessage()

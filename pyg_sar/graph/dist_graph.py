@@ -21,6 +21,7 @@ from pyg_sar.graph.link import fetch_nodes, global_ids
 from pyg_sar.graph.mfg import LayerWise
 from pyg_sar.graph.self_loops import kept_base_edges, make_loop_view
 from pyg_sar.utils.malloc import configure_allocator, release_free_memory
+from pyg_sar.utils.openmp import warn_if_spinning
 
 MODES = ('sar', 'sa', 'one_shot')
 __all__ = ['DistGraph', 'EdgeBlock', 'EdgeChunk', 'MODES', 'check_options',
@@ -145,6 +146,7 @@ class DistGraph:
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
         configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
+        warn_if_spinning()  # torch loaded first: pyg_sar/utils/openmp.py
         self.mode = mode
         self.chunk_size = chunk_size
         self.rank = int(part.rank)

@@ -7,8 +7,12 @@ slower beside two busy processes (DGL: 1.07x). Sleeping threads
 (``benchmarks/full_batch.py --contention``). libgomp reads the variable
 once, when torch loads, so :func:`prefer_passive_wait` must run before the
 first ``import torch``; ``import pyg_sar`` calls it and imports no torch."""
+import logging
 import os
 import sys
+
+log = logging.getLogger('pyg_sar')
+_WARNED = []
 
 
 def prefer_passive_wait() -> bool:
@@ -18,3 +22,19 @@ def prefer_passive_wait() -> bool:
     if 'torch' not in sys.modules:
         os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
     return os.environ.get('OMP_WAIT_POLICY', '').upper() == 'PASSIVE'
+
+
+def warn_if_spinning() -> None:
+    r"""Logs once, on rank-independent terms, that OpenMP threads spin
+    between parallel regions: torch was loaded before ``import pyg_sar``
+    and the environment names no wait policy. Such a process can run many
+    times slower when other jobs share its cores."""
+    if _WARNED or os.environ.get('OMP_WAIT_POLICY'):
+        return
+    _WARNED.append(True)
+    log.warning(
+        "pyg_sar: OpenMP threads spin between parallel regions (torch was "
+        "imported before pyg_sar and OMP_WAIT_POLICY is unset): with other "
+        "jobs on the cores an epoch can run many times slower; set "
+        "OMP_WAIT_POLICY=PASSIVE in the job's environment or import "
+        "pyg_sar before torch")
