@@ -42,17 +42,26 @@ class EdgeSource:
                 yield lo, src[lo - first:hi - first], dst[lo - first:hi - first]
 
 
-class TensorEdgeSource(EdgeSource):
+class SeekableEdgeSource(EdgeSource):
+    r"""An edge source that reads any range of edges directly
+    (:meth:`chunk_range`); :meth:`chunks` is the range of all edges."""
+
+    def chunks(self, chunk_edges: int = DEFAULT_CHUNK_EDGES
+               ) -> Iterator[Tuple[int, Tensor, Tensor]]:
+        return self.chunk_range(0, self.num_edges, chunk_edges)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(num_nodes={self.num_nodes}, '
+                f'num_edges={self.num_edges})')
+
+
+class TensorEdgeSource(SeekableEdgeSource):
     r"""An in-memory :obj:`edge_index` of shape :obj:`[2, num_edges]`."""
 
     def __init__(self, edge_index: Tensor, num_nodes: int):
         self.edge_index = edge_index
         self.num_nodes = int(num_nodes)
         self.num_edges = int(edge_index.size(1))
-
-    def chunks(self, chunk_edges: int = DEFAULT_CHUNK_EDGES
-               ) -> Iterator[Tuple[int, Tensor, Tensor]]:
-        return self.chunk_range(0, self.num_edges, chunk_edges)
 
     def chunk_range(self, start: int, end: int,
                     chunk_edges: int = DEFAULT_CHUNK_EDGES
@@ -62,12 +71,8 @@ class TensorEdgeSource(EdgeSource):
             yield (first, self.edge_index[0, first:last].long(),
                    self.edge_index[1, first:last].long())
 
-    def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}(num_nodes={self.num_nodes}, '
-                f'num_edges={self.num_edges})')
 
-
-class NpyEdgeSource(EdgeSource):
+class NpyEdgeSource(SeekableEdgeSource):
     r"""The :obj:`[2, num_edges]` integer array of an ``edge_index.npy``,
     memory-mapped (see :mod:`pyg_sar.partition.ondisk`): each chunk is read
     from disk when it is asked for, so only one chunk is in memory."""
@@ -76,10 +81,6 @@ class NpyEdgeSource(EdgeSource):
         self.array = array
         self.num_nodes = int(num_nodes)
         self.num_edges = int(array.shape[1])
-
-    def chunks(self, chunk_edges: int = DEFAULT_CHUNK_EDGES
-               ) -> Iterator[Tuple[int, Tensor, Tensor]]:
-        return self.chunk_range(0, self.num_edges, chunk_edges)
 
     def chunk_range(self, start: int, end: int,
                     chunk_edges: int = DEFAULT_CHUNK_EDGES
@@ -91,10 +92,6 @@ class NpyEdgeSource(EdgeSource):
             dst = np.array(self.array[1, first:last], dtype=np.int64)
             release_pages(self.array)
             yield first, torch.from_numpy(src), torch.from_numpy(dst)
-
-    def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}(num_nodes={self.num_nodes}, '
-                f'num_edges={self.num_edges})')
 
 
 @dataclass
