@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional
 from torch import Tensor
 
 from pyg_sar.graph import DistGraph
+from pyg_sar.nn.adj_values import fill_adj_t_values
 from pyg_sar.nn.gcn_norm import NormalizedEdges, gcn_norm, normalization
 from pyg_sar.nn.neighborhood import (log_once, pull_edge_tensors,
                                      whole_propagate)
@@ -52,6 +53,7 @@ class DistAdapter:
 
     def forward(self, *args: Any, **kwargs: Any):
         stock = super().forward
+        args, kwargs = fill_adj_t_values(stock, args, kwargs)
         bound = inspect.signature(stock).bind(*args, **kwargs)
         graph = bound.arguments.get('edge_index')
         if not isinstance(graph, DistGraph):
@@ -64,11 +66,6 @@ class DistAdapter:
                 f"(SAGEConv, GraphConv, GINConv, GATConv, GATv2Conv) for "
                 f"this relation")
         values = bound.arguments
-        if 'edge_weight' in values or 'edge_weight' in \
-                inspect.signature(stock).parameters:
-            if values.get('edge_weight') is None and \
-                    graph.adj_t_values is not None:
-                values['edge_weight'] = graph.adj_t_values  # adj_values.py
         if self.flow == 'source_to_target':
             run_graph, ei = graph, graph.halo_edge_index()
         else:
