@@ -7,9 +7,12 @@ Every size is generated once to a graph directory
 with ``--streamed-generator`` :func:`~pyg_sar.partition.ondisk.write_synthetic_graph`
 (another distribution, written chunk by chunk without holding the graph:
 the way to reach >= 400M edges). Then every path runs in its own process,
-its peak resident set read from ``/proc/self/status`` (``VmHWM``) plus
-the peak the KaMinPar child reports (it runs in a process of its own), an
-upper bound of their joint peak; for K writers the sum of the K ranks' bounds:
+its peak resident set read from ``/proc/self/status`` (``VmHWM``), joined
+with the KaMinPar child's (a process of its own, run while the caller
+waits): the larger of the caller's own peak and the caller's resident set
+during the child plus the child's peak. For K writers: the sum of the K
+ranks' peaks. Every row also states the target's budget, 12 bytes per input
+edge plus 16 bytes per node, and whether the peak is within it:
 
 - ``memory-metis``: today's path: the graph as a ``Data`` in memory,
   ``partition_graph(method='metis')``;
@@ -136,14 +139,16 @@ def run_path(args: argparse.Namespace) -> None:
         manifest = partition_graph_parallel(args.graph_dir, args.num_parts,
                                             out_dir, method=args.method,
                                             progress=False)
-    # KaMinPar runs in a child process: its peak counts too, added to this
-    # process's (an upper bound of their joint peak: the parent holds
-    # little while KaMinPar runs).
+    # KaMinPar runs in a child process while this one waits: the joint peak
+    # is the larger of this process's own peak and, during the child, this
+    # process's resident set then plus the child's peak.
     from pyg_sar.partition import kaminpar
     own, child = _peak_bytes(), kaminpar.last_peak_bytes or 0
+    during = (kaminpar.last_caller_rss_bytes or own) if child else 0
     row = {'time_s': round(time.perf_counter() - start, 2),
-           'peak_bytes': own + child, 'own_peak_bytes': own,
-           'child_peak_bytes': child, 'import_bytes': base}
+           'peak_bytes': max(own, during + child), 'own_peak_bytes': own,
+           'child_peak_bytes': child, 'rss_during_child_bytes': during,
+           'import_bytes': base}
     if manifest is not None:
         row.update(stage_s=manifest['time_s'], num_edges=manifest['num_edges'],
                    edge_cut=manifest['edge_cut']['fraction'],
@@ -200,6 +205,12 @@ def measure(args, path: str, num_nodes: int, graph_dir: str) -> dict:
     return result
 
 
+def budget_bytes(num_edges: int, num_nodes: int) -> int:
+    r"""The issue's memory target for a whole out-of-core run: 12 bytes per
+    input edge plus 16 bytes per node."""
+    return 12 * int(num_edges) + 16 * int(num_nodes)
+
+
 def add_cut_ratios(results: list) -> None:
     r"""Every row's edge cut over the METIS row's of the same size."""
     metis = {r['num_nodes']: r['edge_cut'] for r in results
@@ -225,6 +236,12 @@ def plot(results: list, path: str) -> bool:
                     [r['peak_gib'] for r in rows], 'o-', label=name)
     ax.axhline(BUDGET_GIB, color='red', linestyle='--',
                label=f'{BUDGET_GIB} GiB')
+    sizes = sorted({(r['num_edges'], r['num_nodes']) for r in results
+                    if 'num_edges' in r})
+    if sizes:
+        ax.plot([e for e, _ in sizes],
+                [budget_bytes(e, n) / 2**30 for e, n in sizes], 'k:',
+                label='12 B/edge + 16 B/node')
     ax.set_xscale('log')
     ax.set_yscale('log')
     ax.set_xlabel('input edges')
@@ -297,7 +314,13 @@ def main() -> None:
                 row.update(path=path, num_nodes=num_nodes)
                 if 'peak_bytes' in row:
                     row['peak_gib'] = round(row['peak_bytes'] / 2**30, 3)
+                row['generator'] = 'streamed' if args.streamed_generator \
+                    else 'synthetic_graph'
                 if 'num_edges' in row:
+                    row['budget_bytes'] = budget_bytes(row['num_edges'],
+                                                       num_nodes)
+                    row['within_budget'] = \
+                        row['peak_bytes'] <= row['budget_bytes']
                     row['bytes_per_edge'] = round(row['peak_bytes'] /
                                                   row['num_edges'], 1)
                     row['bytes_per_edge_above_import'] = round(
@@ -320,18 +343,22 @@ def main() -> None:
                    if (r['num_nodes'], r['path']) not in done] + results
     add_cut_ratios(results)
     header = ['nodes', 'edges', 'path', 'method', 'time (s)', 'peak GiB',
-              'B/edge', 'B/edge>import', 'cut', 'cut/METIS', 'balance']
+              'B/edge', 'B/edge>import', 'budget GiB', 'cut', 'cut/METIS',
+              'balance']
     lines = [header]
     for r in results:
         if 'error' in r:
             lines.append([f"{r['num_nodes']:,}", '-', r['path'],
                           r.get('method', '-'), r['error'][:60], '', '', '',
-                          '', '', ''])
+                          '', '', '', ''])
             continue
         lines.append([f"{r['num_nodes']:,}", f"{r['num_edges']:,}",
                       r['path'], r['method'], f"{r['time_s']:.1f}",
                       f"{r['peak_gib']:.2f}", f"{r['bytes_per_edge']:.0f}",
                       f"{r['bytes_per_edge_above_import']:.0f}",
+                      f"{budget_bytes(r['num_edges'], r['num_nodes']) / 2**30:.2f}"
+                      + ('' if r['peak_bytes'] <= budget_bytes(
+                          r['num_edges'], r['num_nodes']) else ' (over)'),
                       f"{100 * r['edge_cut']:.2f}%",
                       f"{r.get('cut_vs_metis', float('nan')):.3f}",
                       f"{r['node_balance']:.3f}"])

@@ -161,7 +161,7 @@ def assign_parts(
     tmp_dir: Optional[str] = None,
     progress_callback: Optional[Callable[[str], None]] = None,
     chunk_edges: Optional[int] = None,
-    kaminpar_context: str = 'terapart',
+    kaminpar_context: str = 'terapart_largek',
     timeout: float = KAMINPAR_TIMEOUT,
 ) -> Tuple[Tensor, Dict[str, Any]]:
     r"""Assigns every node of :obj:`source` to one of :obj:`num_parts`
