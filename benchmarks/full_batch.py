@@ -292,7 +292,9 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
                   str(args.heads), '--layers', str(args.layers), '--epochs',
                   str(args.epochs), '--timeout', str(args.timeout),
                   '--num-classes', str(graph['num_classes'])] + \
-            (['--no-floor'] if args.no_floor else [])
+            (['--no-floor'] if args.no_floor else []) + \
+            (['--edge-memory-budget', str(args.edge_memory_budget)]
+             if args.edge_memory_budget else [])
         configs = []
         if graph['data'] and args.dgl:
             configs.append(('DGL', 1, args.dgl, [
@@ -633,6 +635,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='environment of the pyg_sar workers only')
     parser.add_argument('--nodes', type=int, default=None,
                         help='graph size (default 200k)')
+    parser.add_argument('--edge-memory-budget', type=int, default=None,
+                        metavar='BYTES',
+                        help="pyg_sar's per-chunk edge budget "
+                        "(pyg_sar.comm.configure; default: the library's)")
     parser.add_argument('--no-floor', action='store_true',
                         help='skip the floor and profiler pass')
     parser.add_argument('--no-cut', action='store_true',

@@ -191,6 +191,9 @@ def run_worker(args) -> None:
         import torch.distributed as dist
         rank, world_size = pyg_sar.init_distributed(
             timeout=timedelta(seconds=args.timeout))
+        if getattr(args, 'edge_memory_budget', None):
+            pyg_sar.comm.configure(
+                edge_memory_budget=args.edge_memory_budget)
         part = pyg_sar.load_partition(args.parts, rank)
         num_classes = args.num_classes
         peak.start()

@@ -86,6 +86,58 @@ def test_sage_transform_first_matches_pyg(tmp_path, world_size, options,
         _sage_outputs, world_size, root, True, options, mode))
 
 
+def _sage_without_input_grad(rank, world_size, root, options, mode):
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=7)
+    torch.manual_seed(0)
+    conv = pyg_sar.nn.to_distributed(
+        torch.nn.Sequential(PygSAGEConv(6, 8, **options)))[0]
+    calls = []
+    propagate = conv.propagate
+
+    def counted(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return propagate(*args, **kwargs)
+
+    conv.propagate = counted
+    out = conv(part.x, graph)  # the input needs no gradient
+    assert calls == [True]
+    (out * torch.arange(8.)).sum().backward()
+    # lin_l kept no aggregate: backward aggregated once more, without grad.
+    assert calls == [True, False]
+    recomputed = ({n: p.grad.clone() for n, p in conv.named_parameters()},
+                  out.detach())
+    conv.zero_grad()
+    calls.clear()
+    x = part.x.clone().requires_grad_()  # needs a gradient: kept as before
+    (conv(x, graph) * torch.arange(8.)).sum().backward()
+    assert calls == [True]
+    return part.orig_ids, recomputed, x.grad
+
+
+@pytest.mark.parametrize('world_size,mode,options', [
+    (1, 'sar', {}), (3, 'sar', {}), (3, 'one_shot', dict(aggr='sum')),
+    (2, 'sa', dict(root_weight=False))])
+def test_sage_recomputes_the_aggregate_of_an_input_without_grad(
+        tmp_path, world_size, mode, options):
+    data = hard_graph()
+    root = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, world_size, root)
+    torch.manual_seed(0)
+    ref = PygSAGEConv(6, 8, **options)
+    expected = ref(data.x, data.edge_index)
+    (expected * torch.arange(8.)).sum().backward()
+    grads = {}
+    for ids, (param_grads, out), _ in run_workers(
+            _sage_without_input_grad, world_size, root, options, mode):
+        torch.testing.assert_close(out, expected[ids].detach(), rtol=1e-4,
+                                   atol=1e-5)
+        for name, g in param_grads.items():
+            grads[name] = g if name not in grads else grads[name] + g
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5)
+
+
 def _assert_matches(ref, expected, x, results,
                     scaled_atol: bool = False) -> None:
     """Each worker's ``(ids, out, x_grad, param_grads)`` against the

@@ -18,10 +18,15 @@ the whole forward. Its keep mask is ``uniform_() >= p`` rather than ATen's
 CPU ``bernoulli_(1 - p)`` (the same distribution, 4x faster: 0.15 s instead
 of 0.65 s for 200k x 256 on 2 cores, 1 s of a 6 s SAGE epoch), so it does
 not replay ``F.dropout``'s random numbers.
+
+:func:`linear_of_aggregate` computes ``lin(aggregate())`` without keeping
+the aggregate for the weight's gradient when it can be recomputed (its input
+needs no gradient, as the features entering a first layer): the aggregation
+runs once more in backward instead (98 MiB less on a 200k x 128 input).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Callable, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +53,46 @@ def add_linear_(out: Tensor, x: Tensor, lin) -> Tensor:
         out = out.addmm_(x, weight.t())
         return out if lin.bias is None else out.add_(lin.bias)
     return out + lin(x)
+
+
+def linear_of_aggregate(lin, aggregate: Callable[[], Tensor]) -> Tensor:
+    """``lin(aggregate())``, without keeping the aggregate for backward
+    where it can be recomputed instead: when the aggregate needs no gradient
+    (its input needs none, e.g. the input features of a first layer), the
+    copy ``lin``'s weight gradient would save is dropped
+    (``torch.autograd.graph.saved_tensors_hooks``) and :obj:`aggregate` is
+    called again, without gradients, when backward needs it: one node-sized
+    tensor less between forward and backward for one more aggregation (SAR's
+    rematerialization). The gradients are those of ``lin(aggregate())``.
+
+    :obj:`aggregate` must give the same result when called again (the same
+    graph and input; a distributed aggregation runs its exchange again, on
+    every rank at the same point of backward, as the engine's own backward
+    does)."""
+    agg = aggregate()
+    if agg.requires_grad or not torch.is_grad_enabled() or agg.dim() == 0:
+        return lin(agg)
+    key = (agg.data_ptr(), agg.shape, agg.stride(), agg.dtype)
+
+    def pack(t: Tensor):
+        if (t.data_ptr(), t.shape, t.stride(), t.dtype) == key:
+            return _Recompute
+        return t
+
+    def unpack(saved):
+        if saved is _Recompute:
+            with torch.no_grad():
+                return aggregate()
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = lin(agg)
+    return out
+
+
+class _Recompute:
+    """Marker of a saved tensor that :func:`linear_of_aggregate`
+    recomputes at backward."""
 
 
 def _relu_dropout(x: Tensor, p: float) -> Tuple[Tensor, Tensor]:

@@ -4,6 +4,7 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from pyg_sar.graph import DistGraph
+from pyg_sar.nn.functional import linear_of_aggregate
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -44,8 +45,11 @@ class GraphConv(DistMessagePassing):
                 graph: DistGraph,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        out = self.propagate(graph, x=x_src, edge_weight=edge_weight)
-        return self.lin_rel(out) + self.lin_root(x_dst)
+        # lin_rel keeps no aggregate for backward where it can be
+        # recomputed (inputs that need no gradient).
+        out = linear_of_aggregate(self.lin_rel, lambda: self.propagate(
+            graph, x=x_src, edge_weight=edge_weight))
+        return out + self.lin_root(x_dst)
 
     def message(self, x_j: Tensor, edge_weight: Optional[Tensor]) -> Tensor:
         return x_j if edge_weight is None else edge_weight.view(-1, 1) * x_j

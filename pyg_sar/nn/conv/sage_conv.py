@@ -6,7 +6,7 @@ from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.dense.linear import Linear
 
 from pyg_sar.graph import DistGraph
-from pyg_sar.nn.functional import add_linear_
+from pyg_sar.nn.functional import add_linear_, linear_of_aggregate
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -82,7 +82,10 @@ class SAGEConv(DistMessagePassing):
             if bias is not None:
                 out = out + bias
         else:
-            out = self.lin_l(self.propagate(graph, x=x_src))
+            # No copy of the aggregate kept for lin_l's backward where it
+            # can be recomputed (an input that needs no gradient).
+            out = linear_of_aggregate(
+                self.lin_l, lambda: self.propagate(graph, x=x_src))
             if self.root_weight:
                 out = add_linear_(out, x_dst, self.lin_r)
         if self.normalize:
