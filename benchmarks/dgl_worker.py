@@ -11,6 +11,8 @@ architecture as :class:`pyg_sar.train.GNN`:
 * ``gat``: ``dgl.nn.GATConv`` x layers, hidden layers concatenating
   ``heads`` heads of ``hidden // heads`` channels, the last averaging
   ``heads`` heads; self-loops added as PyG's ``GATConv`` does;
+* ``gcn``: ``dgl.nn.GraphConv(norm='both')`` x layers, hidden 256, with
+  self-loops: PyG's ``GCNConv``;
 
 ReLU and dropout 0.5 between layers, full-graph cross-entropy on the
 training mask, Adam. Writes the same timing and memory fields as
@@ -51,7 +53,7 @@ def build_model(model: str, in_dim: int, hidden: int, out_dim: int,
                 layers: int, heads: int, dropout: float = 0.5):
     import torch
     import torch.nn.functional as F
-    from dgl.nn import GATConv, SAGEConv
+    from dgl.nn import GATConv, GraphConv, SAGEConv
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -64,6 +66,10 @@ def build_model(model: str, in_dim: int, hidden: int, out_dim: int,
                     channels = out_dim if last else hidden // heads
                     self.convs.append(GATConv(width, channels, heads))
                     width = heads * channels
+                elif model == 'gcn':  # PyG's GCNConv: D^-1/2 (A+I) D^-1/2
+                    dim = out_dim if last else hidden
+                    self.convs.append(GraphConv(width, dim, norm='both'))
+                    width = dim
                 else:
                     dim = out_dim if last else hidden
                     self.convs.append(SAGEConv(width, dim, 'mean'))
@@ -86,7 +92,8 @@ def build_model(model: str, in_dim: int, hidden: int, out_dim: int,
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--data', required=True)
-    parser.add_argument('--model', choices=('sage', 'gat'), required=True)
+    parser.add_argument('--model', choices=('sage', 'gat', 'gcn'),
+                        required=True)
     parser.add_argument('--hidden', type=int, default=256)
     parser.add_argument('--layers', type=int, default=3)
     parser.add_argument('--heads', type=int, default=4)
@@ -107,7 +114,7 @@ def main(argv=None) -> None:
     mask = torch.from_numpy(arrays['train_mask'].astype(bool))
     del arrays
     g = dgl.graph((src, dst), num_nodes=x.size(0))
-    if args.model == 'gat':
+    if args.model in ('gat', 'gcn'):  # PyG's GATConv / GCNConv add them
         g = dgl.add_self_loop(dgl.remove_self_loop(g))
     del src, dst
     g.create_formats_()  # built once, before the timed epochs

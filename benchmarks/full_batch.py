@@ -54,9 +54,11 @@ HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
 from _common import add_internal_args, run_script, write_results  # noqa: E402
 REPO = osp.dirname(HERE)
-GRAPHS = {'sage': 200_000, 'gat': 200_000}
-HIDDEN = {'sage': 256, 'gat': 128}
+GRAPHS = {'sage': 200_000, 'gat': 200_000, 'gcn': 200_000, 'gen': 200_000}
+HIDDEN = {'sage': 256, 'gat': 128, 'gcn': 256, 'gen': 128}
 NO_CUT = 'pyg_sar, no cut'
+# Models the DGL worker builds (benchmarks/dgl_worker.py).
+DGL_MODELS = ('sage', 'gat', 'gcn')
 
 
 def _free_port() -> int:
@@ -296,7 +298,7 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
             (['--edge-memory-budget', str(args.edge_memory_budget)]
              if args.edge_memory_budget else [])
         configs = []
-        if graph['data'] and args.dgl:
+        if graph['data'] and args.dgl and model in DGL_MODELS:
             configs.append(('DGL', 1, args.dgl, [
                 '--data', graph['npz'], '--model', model, '--hidden',
                 str(hidden), '--heads', str(args.heads), '--layers',

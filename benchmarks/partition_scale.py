@@ -3,10 +3,12 @@
 
 Every size is generated once to a graph directory
 (:mod:`pyg_sar.partition.ondisk`) by a separate process:
-``synthetic_graph(N, 20, 16, 16, seed=0)`` written with ``save_graph``, or
-with ``--streamed-generator`` :func:`~pyg_sar.partition.ondisk.write_synthetic_graph`
-(another distribution, written chunk by chunk without holding the graph:
-the way to reach >= 400M edges). Then every path runs in its own process,
+``synthetic_graph(N, 20, 16, 16, seed=0)`` written with ``save_graph``, or,
+to reach >= 400M edges, written chunk by chunk without holding the graph:
+``--streamed-generator dcsbm``, the same model
+(:func:`~pyg_sar.datasets.synthetic_ondisk.write_synthetic_dcsbm`), or
+``--streamed-generator blocks``, a harder one where half of every node's
+edges come from anywhere (:func:`~pyg_sar.partition.ondisk.write_synthetic_graph`). Then every path runs in its own process,
 its peak resident set read from ``/proc/self/status`` (``VmHWM``), joined
 with the KaMinPar child's (a process of its own, run while the caller
 waits): the larger of the caller's own peak and the caller's resident set
@@ -83,7 +85,11 @@ def generate(args: argparse.Namespace) -> None:
     r"""Child: writes the graph of :obj:`args.num_nodes` nodes."""
     from pyg_sar.partition.ondisk import save_graph, write_synthetic_graph
     start = time.perf_counter()
-    if args.streamed_generator:
+    if args.streamed_generator == 'dcsbm':
+        from pyg_sar.datasets.synthetic_ondisk import write_synthetic_dcsbm
+        write_synthetic_dcsbm(args.graph_dir, args.num_nodes, 20, 16, 16,
+                              seed=0)
+    elif args.streamed_generator:
         write_synthetic_graph(args.graph_dir, args.num_nodes, 20, 16, 16,
                               seed=0)
     else:
@@ -213,12 +219,13 @@ def budget_bytes(num_edges: int, num_nodes: int) -> int:
 
 def add_cut_ratios(results: list) -> None:
     r"""Every row's edge cut over the METIS row's of the same size."""
-    metis = {r['num_nodes']: r['edge_cut'] for r in results
+    metis = {(r['num_nodes'], r.get('generator')): r['edge_cut']
+             for r in results
              if r.get('method') == 'metis' and r.get('edge_cut')}
     for r in results:
-        if 'edge_cut' in r and r['num_nodes'] in metis:
-            r['cut_vs_metis'] = round(r['edge_cut'] / metis[r['num_nodes']],
-                                      4)
+        key = (r['num_nodes'], r.get('generator'))
+        if 'edge_cut' in r and key in metis:
+            r['cut_vs_metis'] = round(r['edge_cut'] / metis[key], 4)
 
 
 def plot(results: list, path: str) -> bool:
@@ -264,9 +271,12 @@ def main() -> None:
     parser.add_argument('--ondisk-method', default=None,
                         help='assignment of the on-disk paths (default: '
                         'kaminpar when available, else metis)')
-    parser.add_argument('--streamed-generator', action='store_true',
-                        help='write the graphs chunk by chunk (another '
-                        'distribution; for sizes that do not fit memory)')
+    parser.add_argument('--streamed-generator', nargs='?', const='blocks',
+                        default=None, choices=('blocks', 'dcsbm'),
+                        help='write the graphs chunk by chunk, for sizes '
+                        "that do not fit memory: 'dcsbm', synthetic_graph's "
+                        "model; 'blocks' (the default), half of every "
+                        "node's edges from anywhere")
     parser.add_argument('--timeout', type=float, default=7200)
     parser.add_argument('--out', default=osp.join(
         osp.dirname(osp.abspath(__file__)), 'results'))
@@ -305,17 +315,21 @@ def main() -> None:
             if not osp.exists(osp.join(graph_dir, 'graph.json')):
                 done = _child([sys.executable, script, '--generate',
                                '--num-nodes', str(num_nodes), '--graph-dir',
-                               graph_dir] + (['--streamed-generator']
-                                             if args.streamed_generator
-                                             else []), args.timeout)
+                               graph_dir] + (
+                                   ['--streamed-generator',
+                                    args.streamed_generator]
+                                   if args.streamed_generator else []),
+                               args.timeout)
                 print(f'generated {num_nodes:,} nodes: {done}', flush=True)
             for path in args.paths:
                 row = measure(args, path, num_nodes, graph_dir)
                 row.update(path=path, num_nodes=num_nodes)
                 if 'peak_bytes' in row:
                     row['peak_gib'] = round(row['peak_bytes'] / 2**30, 3)
-                row['generator'] = 'streamed' if args.streamed_generator \
-                    else 'synthetic_graph'
+                row['generator'] = {
+                    None: 'synthetic_graph', 'dcsbm': 'synthetic_graph '
+                    'model, streamed', 'blocks': 'blocks, half random '
+                    '(streamed)'}[args.streamed_generator]
                 if 'num_edges' in row:
                     row['budget_bytes'] = budget_bytes(row['num_edges'],
                                                        num_nodes)
@@ -338,9 +352,10 @@ def main() -> None:
     if args.append and osp.exists(json_path):
         with open(json_path) as f:
             earlier = json.load(f)['results']
-        done = {(r['num_nodes'], r['path']) for r in results}
-        results = [r for r in earlier
-                   if (r['num_nodes'], r['path']) not in done] + results
+        def key(r):
+            return r['num_nodes'], r['path'], r.get('generator')
+        done = {key(r) for r in results}
+        results = [r for r in earlier if key(r) not in done] + results
     add_cut_ratios(results)
     header = ['nodes', 'edges', 'path', 'method', 'time (s)', 'peak GiB',
               'B/edge', 'B/edge>import', 'budget GiB', 'cut', 'cut/METIS',

@@ -158,3 +158,38 @@ def test_synthetic_hetero_graph_is_shaped_like_ogbn_mag():
     first[writes[0].flip(0)] = y[writes[1].flip(0)]
     same = (y[writes[1]] == first[writes[0]]).float().mean()
     assert same > 0.6
+
+
+def test_streamed_dcsbm_graph_is_the_synthetic_model(tmp_path):
+    """write_synthetic_dcsbm writes synthetic_graph's model to a graph
+    directory chunk by chunk: deterministic, undirected (every edge both
+    ways), homophilous, with disjoint masks, readable by GraphOnDisk."""
+    import numpy as np
+
+    from pyg_sar.datasets.synthetic_ondisk import write_synthetic_dcsbm
+    from pyg_sar.partition.ondisk import GraphOnDisk
+    a = write_synthetic_dcsbm(str(tmp_path / 'a'), 3000, 10, 8, 4, seed=1,
+                              chunk_samples=1000)
+    b = write_synthetic_dcsbm(str(tmp_path / 'b'), 3000, 10, 8, 4, seed=1,
+                              chunk_samples=1000)
+    c = write_synthetic_dcsbm(str(tmp_path / 'c'), 3000, 10, 8, 4, seed=2,
+                              chunk_samples=1000)
+    names = ('edge_index', 'x', 'y', 'train_mask', 'val_mask', 'test_mask')
+    for name in names:
+        assert np.array_equal(np.load(f'{a}/{name}.npy'),
+                              np.load(f'{b}/{name}.npy')), name
+    assert not np.array_equal(np.load(f'{a}/edge_index.npy'),
+                              np.load(f'{c}/edge_index.npy'))
+    graph = GraphOnDisk(a)
+    assert graph.num_nodes == 3000 and graph.num_edges == 30000
+    edge_index = torch.from_numpy(np.load(f'{a}/edge_index.npy'))
+    assert is_undirected(edge_index, num_nodes=3000)
+    y = torch.from_numpy(np.load(f'{a}/y.npy'))
+    same = (y[edge_index[0]] == y[edge_index[1]]).float().mean()
+    assert same > 0.6  # random labels over 4 classes: 0.25
+    masks = torch.stack([torch.from_numpy(np.load(f'{a}/{m}.npy'))
+                         for m in names[3:]])
+    assert torch.equal(masks.sum(0), torch.ones(3000, dtype=torch.long))
+    assert int(masks[0].sum()) == 300 and int(masks[1].sum()) == 300
+    with pytest.raises(ValueError, match='even avg_degree'):
+        write_synthetic_dcsbm(str(tmp_path / 'd'), 100, 3)

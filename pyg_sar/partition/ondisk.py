@@ -240,21 +240,36 @@ def write_synthetic_graph(root: str, num_nodes: int, avg_degree: int = 20,
         for w in writers.values():
             w.finish()
     except BaseException:
-        for w in writers.values():
-            if w.fd is not None and osp.exists(w.tmp):
-                try:
-                    w.abort()
-                except OSError:
-                    pass
+        abort_writers(writers.values())
         raise
-    meta = {'format': GRAPH_FORMAT, 'version': GRAPH_VERSION,
-            'num_nodes': num_nodes, 'num_edges': num_edges,
-            'edge_index': 'edge_index.npy',
-            'node_attrs': {'x': 'x.npy', 'y': 'y.npy',
-                           'train_mask': 'train_mask.npy'},
-            'edge_attrs': {}, 'graph_attrs': {}}
-    _write_json_atomically(meta, osp.join(root, GRAPH_FILE))
+    write_graph_json(root, num_nodes, num_edges,
+                     {'x': 'x.npy', 'y': 'y.npy',
+                      'train_mask': 'train_mask.npy'})
     return root
+
+
+def abort_writers(writers) -> None:
+    r"""Removes the temporary files of the :class:`NpyWriter` objects
+    :obj:`writers` that are not finished (after a failure)."""
+    for w in writers:
+        if w.fd is not None and osp.exists(w.tmp):
+            try:
+                w.abort()
+            except OSError:
+                pass
+
+
+def write_graph_json(root: str, num_nodes: int, num_edges: int,
+                     node_attrs: Dict[str, str],
+                     edge_attrs: Optional[Dict[str, str]] = None) -> None:
+    r"""Writes ``graph.json`` of a graph directory whose files are written
+    (last, atomically): :obj:`node_attrs` and :obj:`edge_attrs` map
+    attribute names to file names in :obj:`root`."""
+    meta = {'format': GRAPH_FORMAT, 'version': GRAPH_VERSION,
+            'num_nodes': int(num_nodes), 'num_edges': int(num_edges),
+            'edge_index': 'edge_index.npy', 'node_attrs': dict(node_attrs),
+            'edge_attrs': dict(edge_attrs or {}), 'graph_attrs': {}}
+    _write_json_atomically(meta, osp.join(root, GRAPH_FILE))
 
 
 # Reading ######################################################################
@@ -521,4 +536,5 @@ def _check_labels_streamed(node_attrs: Dict[str, Any]) -> None:
 
 
 __all__ = ['GraphOnDisk', 'save_graph', 'write_synthetic_graph', 'NpyWriter',
+           'abort_writers', 'write_graph_json',
            'open_npy', 'GRAPH_FILE']
