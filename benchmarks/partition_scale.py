@@ -237,10 +237,14 @@ def plot(results: list, path: str) -> bool:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in PATHS:
-        rows = [r for r in results if r['path'] == name and 'peak_gib' in r]
-        if rows:
-            ax.plot([r['num_edges'] for r in rows],
-                    [r['peak_gib'] for r in rows], 'o-', label=name)
+        for hard in (False, True):
+            rows = [r for r in results if r['path'] == name and 'peak_gib'
+                    in r and ('blocks' in r.get('generator', '')) == hard]
+            if rows:
+                ax.plot([r['num_edges'] for r in rows],
+                        [r['peak_gib'] for r in rows],
+                        'x' if hard else 'o-', label=name + (
+                            ', half-random graph' if hard else ''))
     ax.axhline(BUDGET_GIB, color='red', linestyle='--',
                label=f'{BUDGET_GIB} GiB')
     sizes = sorted({(r['num_edges'], r['num_nodes']) for r in results
