@@ -18,7 +18,7 @@ coarsening forced to a level of about :obj:`k` times its contraction limit
 before the first partition), one thread. Measured against
 :obj:`'terapart'` on the partition benchmark's graphs: the same cut
 (within 0.1%), the same peak on ``synthetic_graph`` at 4M nodes and on a
-20M-node graph whose edges are half random (6.6 GiB either way), half the
+20M-node graph whose edges are half random (6.4 and 6.6 GiB), half the
 peak on a 2M-node one (0.53 vs 1.21 GB). Both are offered, see
 :obj:`KAMINPAR_CONTEXTS`.
 Reproducibility: the seed (:obj:`kaminpar.reseed`) makes the assignment
