@@ -16,10 +16,11 @@ _WARNED = []
 
 
 def prefer_passive_wait() -> bool:
-    r"""Sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user set a policy or
-    torch is already loaded (then it would not take effect). Returns whether
-    the policy of this process is now passive."""
-    if 'torch' not in sys.modules:
+    r"""Sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user chose how threads
+    wait (``OMP_WAIT_POLICY`` or libgomp's ``GOMP_SPINCOUNT``) or torch is
+    already loaded (then it would not take effect). Returns whether the
+    policy of this process is now passive."""
+    if 'torch' not in sys.modules and 'GOMP_SPINCOUNT' not in os.environ:
         os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
     return os.environ.get('OMP_WAIT_POLICY', '').upper() == 'PASSIVE'
 
@@ -29,7 +30,8 @@ def warn_if_spinning() -> None:
     between parallel regions: torch was loaded before ``import pyg_sar``
     and the environment names no wait policy. Such a process can run many
     times slower when other jobs share its cores."""
-    if _WARNED or os.environ.get('OMP_WAIT_POLICY'):
+    if _WARNED or os.environ.get('OMP_WAIT_POLICY') or \
+            os.environ.get('GOMP_SPINCOUNT'):
         return
     _WARNED.append(True)
     log.warning(
