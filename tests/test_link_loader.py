@@ -216,3 +216,28 @@ def test_temporal_and_disjoint_link_batches(tmp_path):
                            generator=torch.Generator().manual_seed(1))
     partition_graph(data, 3, root)
     assert sum(run_workers(_temporal_links, 3, root, timeout_s=90)) > 3
+
+
+def test_label_pairs_are_checked_in_one_line():
+    """The homogeneous and the heterogeneous link loader share one check of
+    edge_label_index and edge_label: shape, dtype, each row's id range,
+    label length; pairs given as two sequences are stacked."""
+    from pyg_sar.loader.label_pairs import check_label_pairs
+    limits = [(5, 'sources'), (3, 'destinations')]
+    out = check_label_pairs(([0, 4], [2, 0]), limits, torch.ones(2))
+    assert out.dtype == torch.long and out.tolist() == [[0, 4], [2, 0]]
+    cases = [
+        (torch.zeros(3, 2, dtype=torch.long), ValueError,
+         r" of edge type E must have shape \[2, num_pairs\] \(got \[3, 2\]\)"),
+        (torch.zeros(2, 2), TypeError, 'integer node ids'),
+        (torch.zeros(2, 2, dtype=torch.bool), TypeError, 'integer node ids'),
+        (torch.tensor([[5], [0]]), ValueError,
+         r"row 0 holds ids outside \[0, 5\) \(sources\)"),
+        (torch.tensor([[0], [-1]]), ValueError,
+         r"row 1 holds ids outside \[0, 3\) \(destinations\)"),
+    ]
+    for pairs, error, match in cases:
+        with pytest.raises(error, match=match):
+            check_label_pairs(pairs, limits, None, of=' of edge type E')
+    with pytest.raises(ValueError, match="'edge_label' has 3 entries for 1"):
+        check_label_pairs(torch.tensor([[0], [0]]), limits, torch.ones(3))

@@ -19,6 +19,7 @@ from torch_geometric.data import HeteroData
 
 from pyg_sar.loader.hetero import DistHeteroNeighborLoader
 from pyg_sar.loader.hetero_batch import hetero_batch
+from pyg_sar.loader.label_pairs import check_label_pairs
 from pyg_sar.loader.link_loader import DistLinkNeighborLoader
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
@@ -94,27 +95,12 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
                              nodes.node_start + nodes.num_local_nodes),
                 edges.csc_ptr.diff())
             pairs = torch.stack([edges.csc_src, dst])
-        if isinstance(pairs, (tuple, list)):
-            pairs = torch.stack([torch.as_tensor(t) for t in pairs])
-        if not isinstance(pairs, Tensor) or pairs.dim() != 2 or \
-                pairs.size(0) != 2:
-            raise ValueError(f"'edge_label_index' of edge type {edge_type} "
-                             f"must have shape [2, num_pairs] (got "
-                             f"{list(getattr(pairs, 'shape', []))})")
-        if pairs.is_floating_point():
-            raise TypeError("'edge_label_index' must hold integer node ids")
-        pairs = pairs.long()
-        for i, t in ((0, src_t), (1, dst_t)):
-            n = shard.nodes[t].num_nodes
-            if pairs.size(1) and (int(pairs[i].min()) < 0 or
-                                  int(pairs[i].max()) >= n):
-                raise ValueError(f"'edge_label_index' row {i} holds ids "
-                                 f"outside [0, {n}) (the global ids of node "
-                                 f"type {t!r})")
         label = self._label_arg
-        if label is not None and label.size(0) != pairs.size(1):
-            raise ValueError(f"'edge_label' has {label.size(0)} entries for "
-                             f"{pairs.size(1)} pairs")
+        pairs = check_label_pairs(
+            pairs, [(shard.nodes[t].num_nodes,
+                     f'the global ids of node type {t!r}')
+                    for t in (src_t, dst_t)], label,
+            of=f' of edge type {edge_type}')
         self.edge_label_index, self.edge_label = pairs, label
         return edge_type, torch.arange(pairs.size(1))
 

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
+from pyg_sar.loader.label_pairs import check_label_pairs
 from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
                                     constructor_signature, resolve)
 
@@ -133,23 +134,9 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                 raise ValueError("'edge_label_index' with an edge type needs "
                                  "a heterogeneous part (this one is "
                                  "homogeneous)")
-            index = torch.stack([torch.as_tensor(t) for t in index])
-        if not isinstance(index, Tensor) or index.dim() != 2 or \
-                index.size(0) != 2:
-            raise ValueError(f"'edge_label_index' must have shape [2, "
-                             f"num_pairs] (got "
-                             f"{list(getattr(index, 'shape', []))})")
-        if index.is_floating_point():
-            raise TypeError("'edge_label_index' must hold integer node ids")
-        index = index.long()
-        if index.numel() and (int(index.min()) < 0 or
-                              int(index.max()) >= shard.num_nodes):
-            raise ValueError(f"'edge_label_index' holds ids outside [0, "
-                             f"{shard.num_nodes}) (the graph's global ids)")
         label = self._label_arg
-        if label is not None and label.size(0) != index.size(1):
-            raise ValueError(f"'edge_label' has {label.size(0)} entries for "
-                             f"{index.size(1)} pairs")
+        limits = [(shard.num_nodes, "the graph's global ids")] * 2
+        index = check_label_pairs(index, limits, label)
         self.edge_label_index, self.edge_label = index, label
         return torch.arange(index.size(1))
 
