@@ -221,25 +221,45 @@ def test_hetero_loader_dblp(shared_data_root, tmp_path):
 # Single process: layout, per-type dict, errors ################################
 
 class _Replay(BaseSampler):
-    """Hands PyG's NeighborLoader the sample of one of our batches."""
+    """Hands PyG's NeighborLoader the sample of one of our batches (its
+    ``batch`` vectors where the sampling was disjoint, its seed times where
+    it was temporal)."""
 
     def __init__(self, batch, input_type):
+        disjoint = all('batch' in batch[t] for t in batch.node_types)
+        seed_time = batch[input_type].seed_time \
+            if 'seed_time' in batch[input_type] else None
         self.out = HeteroSamplerOutput(
             node={t: batch[t].n_id for t in batch.node_types},
             row={e: batch[e].edge_index[0] for e in batch.edge_types},
             col={e: batch[e].edge_index[1] for e in batch.edge_types},
             edge={e: batch[e].e_id for e in batch.edge_types},
+            batch={t: batch[t].batch for t in batch.node_types}
+            if disjoint else None,
             num_sampled_nodes={t: batch[t].num_sampled_nodes
                                for t in batch.node_types},
             num_sampled_edges={e: batch[e].num_sampled_edges
                                for e in batch.edge_types},
-            metadata=(batch[input_type].input_id, None))
+            metadata=(batch[input_type].input_id, seed_time))
 
     def sample_from_nodes(self, index, **kwargs):
         return self.out
 
     def sample_from_edges(self, index, **kwargs):  # pragma: no cover
         raise NotImplementedError
+
+
+def _assert_same_batch(ours, theirs) -> None:
+    """Every node and edge type, every attribute, equal."""
+    assert ours.node_types == theirs.node_types
+    assert ours.edge_types == theirs.edge_types
+    for key in ours.node_types + ours.edge_types:
+        assert sorted(ours[key].keys()) == sorted(theirs[key].keys()), key
+        for attr, value in theirs[key].items():
+            if torch.is_tensor(value):
+                assert torch.equal(ours[key][attr], value), (key, attr)
+            else:
+                assert ours[key][attr] == value, (key, attr)
 
 
 def _in_partition_ids(part):
@@ -279,15 +299,7 @@ def test_layout_matches_pyg_neighbor_loader(tmp_path):
             data, [1], input_nodes=(PAPER, seeds[ours[PAPER].input_id]),
             batch_size=ours[PAPER].batch_size,
             neighbor_sampler=_Replay(ours, PAPER))))
-        assert ours.node_types == theirs.node_types
-        assert ours.edge_types == theirs.edge_types
-        for key in ours.node_types + ours.edge_types:
-            assert sorted(ours[key].keys()) == sorted(theirs[key].keys()), key
-            for attr, value in theirs[key].items():
-                if torch.is_tensor(value):
-                    assert torch.equal(ours[key][attr], value), (key, attr)
-                else:
-                    assert ours[key][attr] == value, (key, attr)
+        _assert_same_batch(ours, theirs)
         checked += 1
     assert checked == loader.num_batches > 1
 

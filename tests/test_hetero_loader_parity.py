@@ -8,14 +8,14 @@ PyG's NeighborLoader fed the same sample."""
 import pytest
 import torch
 from torch_geometric.loader import NeighborLoader
-from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput
+from torch_geometric.sampler import HeteroSamplerOutput
 
 from pyg_sar import load_partition, partition_graph
 from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
 from tests._hetero import AUTHOR, CITES, PAPER, WRITES, hard_hetero
-from tests.test_hetero_loader import DICT_FANOUTS, _in_partition_ids, \
-    _reference
+from tests.test_hetero_loader import DICT_FANOUTS, _assert_same_batch, \
+    _in_partition_ids, _reference, _Replay
 
 
 def _graph():
@@ -229,27 +229,6 @@ def _full(rank, world_size, root):
 
 # Layout against PyG's NeighborLoader fed the same sample ####################
 
-class _Replay(BaseSampler):
-    def __init__(self, batch):
-        self.out = HeteroSamplerOutput(
-            node={t: batch[t].n_id for t in batch.node_types},
-            row={e: batch[e].edge_index[0] for e in batch.edge_types},
-            col={e: batch[e].edge_index[1] for e in batch.edge_types},
-            edge={e: batch[e].e_id for e in batch.edge_types},
-            batch={t: batch[t].batch for t in batch.node_types},
-            num_sampled_nodes={t: batch[t].num_sampled_nodes
-                               for t in batch.node_types},
-            num_sampled_edges={e: batch[e].num_sampled_edges
-                               for e in batch.edge_types},
-            metadata=(batch[PAPER].input_id, batch[PAPER].seed_time))
-
-    def sample_from_nodes(self, index, **kwargs):
-        return self.out
-
-    def sample_from_edges(self, index, **kwargs):  # pragma: no cover
-        raise NotImplementedError
-
-
 def test_temporal_layout_matches_pyg(parts):
     part = load_partition(parts[1][1], 0)
     data = _in_partition_ids(part)
@@ -262,14 +241,8 @@ def test_temporal_layout_matches_pyg(parts):
             data, [1], input_nodes=(PAPER, seeds),
             input_time=ours[PAPER].seed_time, time_attr='t',
             batch_size=ours[PAPER].batch_size,
-            neighbor_sampler=_Replay(ours))))
-        for key in ours.node_types + ours.edge_types:
-            assert sorted(ours[key].keys()) == sorted(theirs[key].keys()), key
-            for attr, value in theirs[key].items():
-                if torch.is_tensor(value):
-                    assert torch.equal(ours[key][attr], value), (key, attr)
-                else:
-                    assert ours[key][attr] == value, (key, attr)
+            neighbor_sampler=_Replay(ours, PAPER))))
+        _assert_same_batch(ours, theirs)
         checked += 1
     assert checked == loader.num_batches > 1
 
