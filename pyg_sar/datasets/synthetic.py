@@ -88,20 +88,10 @@ def synthetic_graph(
                          f"(got {train_ratio} + {val_ratio})")
 
     generator = torch.Generator().manual_seed(seed)
-    if num_communities is None:
-        num_communities = max(num_classes, num_nodes // 500)
-    num_communities = max(1, min(num_communities, num_nodes))
-
-    # Community sizes: Dirichlet-like random proportions, every community
-    # non-empty. Nodes are laid out community by community first and shuffled
-    # at the end, so that node ids carry no structure.
-    proportions = torch.rand(num_communities, generator=generator) + 0.5
-    sizes = (proportions / proportions.sum() *
-             (num_nodes - num_communities)).floor().long() + 1
-    sizes[:num_nodes - int(sizes.sum())] += 1
-    community_ptr = torch.zeros(num_communities + 1, dtype=torch.long)
-    torch.cumsum(sizes, dim=0, out=community_ptr[1:])
-    community = torch.repeat_interleave(torch.arange(num_communities), sizes)
+    num_communities = community_count(num_nodes, num_classes,
+                                      num_communities)
+    community_ptr, community = community_layout(num_nodes, num_communities,
+                                                generator)
 
     # Labels: the community's dominant class, else a uniformly random class.
     dominant_class = torch.randint(num_classes, (num_communities, ),
@@ -113,12 +103,8 @@ def synthetic_graph(
     y[is_noisy] = torch.randint(num_classes, (int(is_noisy.sum()), ),
                                 generator=generator)
 
-    # Power-law degree propensities (Pareto with exponent `degree_exponent`),
-    # capped so that no node wants more than a fraction of all edges.
-    uniform = torch.rand(num_nodes, generator=generator, dtype=torch.float64)
-    theta = (1.0 - uniform).pow(-1.0 / (degree_exponent - 1.0))
-    theta.clamp_(max=math.sqrt(num_nodes))
-    theta_cumsum = torch.cumsum(theta, dim=0)
+    theta_cumsum = torch.cumsum(
+        degree_propensities(num_nodes, degree_exponent, generator), dim=0)
 
     # Sample undirected edges (symmetrization doubles them). Hubs collect
     # duplicates that get removed, so top up until the target is (nearly) met.
@@ -166,6 +152,41 @@ def synthetic_graph(
 
     return Data(x=x, y=y, edge_index=edge_index, train_mask=train_mask,
                 val_mask=val_mask, test_mask=test_mask, num_nodes=num_nodes)
+
+
+def community_count(num_nodes: int, num_classes: int,
+                    num_communities: Optional[int] = None) -> int:
+    """The number of communities: :obj:`num_communities`, by default about
+    one per 500 nodes and at least :obj:`num_classes`, within [1, N]."""
+    if num_communities is None:
+        num_communities = max(num_classes, num_nodes // 500)
+    return max(1, min(num_communities, num_nodes))
+
+
+def community_layout(num_nodes: int, num_communities: int,
+                     generator: torch.Generator) -> Tuple[Tensor, Tensor]:
+    """``(community_ptr, community)``: community sizes from Dirichlet-like
+    random proportions, every community non-empty, nodes laid out community
+    by community (the callers shuffle ids afterwards, so that node ids carry
+    no structure)."""
+    proportions = torch.rand(num_communities, generator=generator) + 0.5
+    sizes = (proportions / proportions.sum() *
+             (num_nodes - num_communities)).floor().long() + 1
+    sizes[:num_nodes - int(sizes.sum())] += 1
+    community_ptr = torch.zeros(num_communities + 1, dtype=torch.long)
+    torch.cumsum(sizes, dim=0, out=community_ptr[1:])
+    community = torch.repeat_interleave(torch.arange(num_communities), sizes)
+    return community_ptr, community
+
+
+def degree_propensities(num_nodes: int, degree_exponent: float,
+                        generator: torch.Generator) -> Tensor:
+    """Power-law degree propensities (Pareto with exponent
+    :obj:`degree_exponent`, float64), capped so that no node wants more
+    than a fraction of all edges."""
+    uniform = torch.rand(num_nodes, generator=generator, dtype=torch.float64)
+    theta = (1.0 - uniform).pow(-1.0 / (degree_exponent - 1.0))
+    return theta.clamp_(max=math.sqrt(num_nodes))
 
 
 def _sample_by_weight(

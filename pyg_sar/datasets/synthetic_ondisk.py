@@ -21,9 +21,10 @@ import os.path as osp
 import numpy as np
 import torch
 
-from pyg_sar.datasets.synthetic import _sample_dc_sbm_edges
-from pyg_sar.partition.ondisk import (NpyWriter, abort_writers,
-                                      write_graph_json)
+from pyg_sar.datasets.synthetic import (_sample_dc_sbm_edges,
+                                        community_count, community_layout,
+                                        degree_propensities)
+from pyg_sar.partition.ondisk import NpyWriter, npy_writers, write_graph_json
 
 
 def write_synthetic_dcsbm(root: str, num_nodes: int, avg_degree: int = 20,
@@ -54,23 +55,13 @@ def write_synthetic_dcsbm(root: str, num_nodes: int, avg_degree: int = 20,
     root = osp.abspath(os.fspath(root))
     os.makedirs(root, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    num_communities = max(1, min(max(num_classes, num_nodes // 500),
-                                 num_nodes))
-    proportions = torch.rand(num_communities, generator=generator) + 0.5
-    sizes = (proportions / proportions.sum() *
-             (num_nodes - num_communities)).floor().long() + 1
-    sizes[:num_nodes - int(sizes.sum())] += 1
-    community_ptr = torch.zeros(num_communities + 1, dtype=torch.long)
-    torch.cumsum(sizes, dim=0, out=community_ptr[1:])
-    community = torch.repeat_interleave(torch.arange(num_communities), sizes)
+    num_communities = community_count(num_nodes, num_classes)
+    community_ptr, community = community_layout(num_nodes, num_communities,
+                                                generator)
     dominant = torch.randint(num_classes, (num_communities, ),
                              generator=generator)
-    theta = (1.0 - torch.rand(num_nodes, generator=generator,
-                              dtype=torch.float64)).pow(
-                                  -1.0 / (degree_exponent - 1.0))
-    theta.clamp_(max=math.sqrt(num_nodes))
-    theta_cumsum = torch.cumsum(theta, dim=0)
-    del theta
+    theta_cumsum = torch.cumsum(
+        degree_propensities(num_nodes, degree_exponent, generator), dim=0)
     new_id = torch.randperm(num_nodes, generator=generator)
 
     num_samples = num_nodes * avg_degree // 2
@@ -86,7 +77,7 @@ def write_synthetic_dcsbm(root: str, num_nodes: int, avg_degree: int = 20,
     for name in masks:
         writers[name] = NpyWriter(osp.join(root, f'{name}.npy'),
                                   (num_nodes, ), np.bool_)
-    try:
+    with npy_writers(writers):
         for start in range(0, num_samples, chunk_samples):
             count = min(chunk_samples, num_samples - start)
             src, dst = _sample_dc_sbm_edges(
@@ -126,11 +117,6 @@ def write_synthetic_dcsbm(root: str, num_nodes: int, avg_degree: int = 20,
         split[order[num_train:2 * num_train]] = 1
         for index, name in enumerate(masks):
             writers[name].write(0, (split == index).numpy())
-        for w in writers.values():
-            w.finish()
-    except BaseException:
-        abort_writers(writers.values())
-        raise
     write_graph_json(root, num_nodes, num_edges,
                      {'x': 'x.npy', 'y': 'y.npy',
                       **{name: f'{name}.npy' for name in masks}})

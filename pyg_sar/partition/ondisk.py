@@ -39,6 +39,7 @@ import math
 import os
 import os.path as osp
 import re
+from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
@@ -214,7 +215,7 @@ def write_synthetic_graph(root: str, num_nodes: int, avg_degree: int = 20,
                                 (num_nodes, ), np.bool_),
     }
     block = 1024
-    try:
+    with npy_writers(writers):
         for start in range(0, num_nodes, chunk_nodes):
             end = min(start + chunk_nodes, num_nodes)
             count = end - start
@@ -237,26 +238,29 @@ def write_synthetic_graph(root: str, num_nodes: int, avg_degree: int = 20,
             writers['x'].write(start * num_features, x)
             writers['y'].write(start, y)
             writers['train_mask'].write(start, rng.random(count) < 0.1)
-        for w in writers.values():
-            w.finish()
-    except BaseException:
-        abort_writers(writers.values())
-        raise
     write_graph_json(root, num_nodes, num_edges,
                      {'x': 'x.npy', 'y': 'y.npy',
                       'train_mask': 'train_mask.npy'})
     return root
 
 
-def abort_writers(writers) -> None:
-    r"""Removes the temporary files of the :class:`NpyWriter` objects
-    :obj:`writers` that are not finished (after a failure)."""
-    for w in writers:
-        if w.fd is not None and osp.exists(w.tmp):
-            try:
-                w.abort()
-            except OSError:
-                pass
+@contextmanager
+def npy_writers(writers: Dict[str, NpyWriter]):
+    r"""Runs the body that fills :obj:`writers` (:class:`NpyWriter`
+    objects by name); then renames every file into place, or, if anything
+    fails, removes the temporary files of those not yet in place."""
+    try:
+        yield writers
+        for w in writers.values():
+            w.finish()
+    except BaseException:
+        for w in writers.values():
+            if w.fd is not None and osp.exists(w.tmp):
+                try:
+                    w.abort()
+                except OSError:
+                    pass
+        raise
 
 
 def write_graph_json(root: str, num_nodes: int, num_edges: int,
@@ -536,5 +540,5 @@ def _check_labels_streamed(node_attrs: Dict[str, Any]) -> None:
 
 
 __all__ = ['GraphOnDisk', 'save_graph', 'write_synthetic_graph', 'NpyWriter',
-           'abort_writers', 'write_graph_json',
+           'npy_writers', 'write_graph_json',
            'open_npy', 'GRAPH_FILE']
