@@ -107,6 +107,13 @@ def _sage_without_input_grad(rank, world_size, root, options, mode):
     assert calls == [True, False]
     recomputed = ({n: p.grad.clone() for n, p in conv.named_parameters()},
                   out.detach())
+    # An input changed in place before backward: refused, not recomputed
+    # from the changed values.
+    changed = part.x.clone()
+    out = conv(changed, graph)
+    changed.add_(1.0)
+    with pytest.raises(RuntimeError, match='modified'):
+        out.sum().backward()
     conv.zero_grad()
     calls.clear()
     x = part.x.clone().requires_grad_()  # needs a gradient: kept as before

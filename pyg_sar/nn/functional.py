@@ -26,7 +26,7 @@ runs once more in backward instead (98 MiB less on a 200k x 128 input).
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,8 @@ def add_linear_(out: Tensor, x: Tensor, lin) -> Tensor:
     return out + lin(x)
 
 
-def linear_of_aggregate(lin, aggregate: Callable[[], Tensor]) -> Tensor:
+def linear_of_aggregate(lin, aggregate: Callable[[], Tensor],
+                        inputs: Tuple[Optional[Tensor], ...] = ()) -> Tensor:
     """``lin(aggregate())``, without keeping the aggregate for backward
     where it can be recomputed instead: when the aggregate needs no gradient
     (its input needs none, e.g. the input features of a first layer), the
@@ -68,11 +69,16 @@ def linear_of_aggregate(lin, aggregate: Callable[[], Tensor]) -> Tensor:
     :obj:`aggregate` must give the same result when called again (the same
     graph and input; a distributed aggregation runs its exchange again, on
     every rank at the same point of backward, as the engine's own backward
-    does)."""
+    does). :obj:`inputs` are the tensors :obj:`aggregate` reads: one
+    changed in place between forward and backward would change the
+    recomputed aggregate, so backward then raises, as autograd does for a
+    saved tensor."""
     agg = aggregate()
     if agg.requires_grad or not torch.is_grad_enabled() or agg.dim() == 0:
         return lin(agg)
     key = (agg.data_ptr(), agg.shape, agg.stride(), agg.dtype)
+    inputs = [t for t in inputs if isinstance(t, Tensor)]
+    versions = [t._version for t in inputs]
 
     def pack(t: Tensor):
         if (t.data_ptr(), t.shape, t.stride(), t.dtype) == key:
@@ -81,6 +87,12 @@ def linear_of_aggregate(lin, aggregate: Callable[[], Tensor]) -> Tensor:
 
     def unpack(saved):
         if saved is _Recompute:
+            if [t._version for t in inputs] != versions:
+                raise RuntimeError(
+                    "An input of an aggregation was modified in place "
+                    "after the forward pass; its aggregate, recomputed for "
+                    "backward, would differ (pass a copy, or modify it "
+                    "after backward)")
             with torch.no_grad():
                 return aggregate()
         return saved

@@ -48,7 +48,7 @@ class GraphConv(DistMessagePassing):
         # lin_rel keeps no aggregate for backward where it can be
         # recomputed (inputs that need no gradient).
         out = linear_of_aggregate(self.lin_rel, lambda: self.propagate(
-            graph, x=x_src, edge_weight=edge_weight))
+            graph, x=x_src, edge_weight=edge_weight), (x_src, edge_weight))
         return out + self.lin_root(x_dst)
 
     def message(self, x_j: Tensor, edge_weight: Optional[Tensor]) -> Tensor:

@@ -85,7 +85,7 @@ class SAGEConv(DistMessagePassing):
             # No copy of the aggregate kept for lin_l's backward where it
             # can be recomputed (an input that needs no gradient).
             out = linear_of_aggregate(
-                self.lin_l, lambda: self.propagate(graph, x=x_src))
+                self.lin_l, lambda: self.propagate(graph, x=x_src), (x_src, ))
             if self.root_weight:
                 out = add_linear_(out, x_dst, self.lin_r)
         if self.normalize:
