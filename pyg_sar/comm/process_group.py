@@ -25,21 +25,35 @@ def find_free_port() -> int:
 def init_distributed(
     backend: Optional[str] = None,
     timeout: timedelta = timedelta(minutes=5),
+    device: Optional[str] = None,
 ) -> Tuple[int, int]:
     """Joins the process group described by the ``torchrun`` environment.
 
-    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and
-    ``LOCAL_RANK``. Without them (a plain ``python script.py``) it runs as a
-    single worker with no process group. ``backend=None`` picks ``nccl`` when
-    CUDA is available and ``gloo`` otherwise. ``timeout`` bounds every
-    collective wait of the package.
+    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``. Without them (a plain
+    ``python script.py``) it runs as a single worker with no process group.
+    ``timeout`` bounds every collective wait of the package.
+
+    ``backend=None`` picks it from where the worker's tensors live
+    (:func:`pick_backend`): ``nccl`` when they are on CUDA and every local
+    rank has a GPU of its own, ``gloo`` otherwise: a CPU job on any machine
+    (``device='cpu'``), or more local ranks than GPUs, which then share the
+    GPUs (local rank ``r`` uses GPU ``r % num_gpus``; CUDA tensors are staged
+    through host memory for every exchange). An explicit ``'nccl'`` with
+    more local ranks than GPUs is refused: NCCL needs one GPU per rank.
+
+    Args:
+        backend: ``'gloo'``, ``'nccl'``, ``'mpi'`` or ``None`` (pick).
+        timeout: Longest wait of any collective.
+        device: Where this worker's tensors live: ``'cpu'``, ``'cuda'`` or
+            ``None``/``'auto'`` (CUDA where available).
 
     Returns:
         ``(rank, world_size)``
     """
     configure(timeout=timeout)
     from pyg_sar.utils.malloc import configure_allocator
-    configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
+    configure_allocator()  # RSS tracks live tensors (pyg_sar/utils/malloc.py)
     if dist.is_available() and dist.is_initialized():
         _destroy_groups_at_exit()
         return dist.get_rank(), dist.get_world_size()
@@ -58,17 +72,53 @@ def init_distributed(
         if key not in env:
             raise ValueError(f"{key} is not set; launch with torchrun or set "
                              f"it (e.g. MASTER_ADDR=127.0.0.1)")
-    if backend is None:
-        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-    if backend not in ('gloo', 'nccl', 'mpi'):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or 'mpi' "
-                         f"(got {backend!r})")
-    if backend == 'nccl':
-        torch.cuda.set_device(int(env.get('LOCAL_RANK', rank)))
+    local_rank = int(env.get('LOCAL_RANK', rank))
+    local_world = int(env.get('LOCAL_WORLD_SIZE', world_size))
+    num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = pick_backend(backend, device, num_gpus, local_world)
+    if num_gpus and device_type(device) == 'cuda':
+        # Several local ranks per GPU share it (gloo stages their tensors).
+        torch.cuda.set_device(local_rank % num_gpus)
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timeout, store=_restart_store(timeout))
     _destroy_groups_at_exit()
     return rank, world_size
+
+
+def device_type(device: Optional[str]) -> str:
+    """``'cpu'`` or ``'cuda'``: where a worker asked to use ``device``
+    (``None``/``'auto'``: CUDA where available) keeps its tensors."""
+    if device is None or str(device) == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    kind = torch.device(device).type
+    if kind not in ('cpu', 'cuda'):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]' "
+                         f"(got {device!r})")
+    return kind
+
+
+def pick_backend(backend: Optional[str], device: Optional[str],
+                 num_gpus: int, local_world_size: int) -> str:
+    """The process-group backend for a worker whose tensors live on
+    ``device`` on a machine with ``num_gpus`` GPUs and ``local_world_size``
+    workers (see :func:`init_distributed`)."""
+    if backend is not None and backend not in ('gloo', 'nccl', 'mpi'):
+        raise ValueError(f"backend must be 'gloo', 'nccl', 'mpi' or None "
+                         f"(got {backend!r})")
+    on_cuda = device_type(device) == 'cuda' and num_gpus > 0
+    if device is not None and str(device) != 'auto' and \
+            device_type(device) == 'cuda' and num_gpus == 0:
+        raise ValueError(f"device={device!r}: CUDA is not available here")
+    if backend == 'nccl' and local_world_size > num_gpus:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per local rank, but "
+            f"LOCAL_WORLD_SIZE={local_world_size} and {num_gpus} GPU(s) are "
+            f"visible; use backend='gloo' (ranks share the GPUs, tensors "
+            f"staged through host memory) or start at most {num_gpus} "
+            f"ranks per machine")
+    if backend is not None:
+        return backend
+    return 'nccl' if on_cuda and local_world_size <= num_gpus else 'gloo'
 
 
 # Teardown ###################################################################

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
+
+from pyg_sar.utils.device import default_edge_budget
 
 
 @dataclass
@@ -27,7 +29,10 @@ class CommConfig:
         edge_memory_budget: Bytes the SAR engine may spend on per-edge
             temporaries (gathered features, messages) of non-linear layers;
             blocks are cut into edge chunks that fit, even without a
-            ``chunk_size``. A worker whose node-sized table of the layer
+            ``chunk_size``. ``None`` (the default) fits the device the
+            propagation runs on (:func:`pyg_sar.utils.device.default_edge_budget`:
+            half the last-level cache on a CPU, a sixteenth of the free
+            memory, at most 1 GiB, on a GPU). A worker whose node-sized table of the layer
             (its nodes times the widest row read) is smaller spends at most
             that table (and at least 1 MiB), so the temporaries fall with
             the worker's share of the graph. Linear layers run as sparse
@@ -58,18 +63,26 @@ class CommConfig:
     timeout: timedelta = timedelta(minutes=5)
     max_bytes_per_message: int = 256 * 1024 * 1024
     pipeline_depth: int = 1
-    edge_memory_budget: int = 16 * 1024 * 1024
+    edge_memory_budget: Optional[int] = None
     halo_slice_bytes: int = 8 * 1024 * 1024
     reuse_buffers: bool = True
     reuse_buffers_from: int = 1024 * 1024
 
-    def edge_budget(self, num_nodes: int, row_bytes: int) -> int:
-        """Bytes one propagation over a worker of ``num_nodes`` nodes may
-        spend on per-chunk temporaries when the widest row it reads has
-        ``row_bytes``: :attr:`edge_memory_budget`, and at most one
-        node-sized table of such rows (at least 1 MiB)."""
+    def budget_for(self, device) -> int:
+        """:attr:`edge_memory_budget`, or where it is ``None`` the default
+        of ``device`` (:func:`~pyg_sar.utils.device.default_edge_budget`)."""
+        if self.edge_memory_budget is not None:
+            return self.edge_memory_budget
+        return default_edge_budget(device)
+
+    def edge_budget(self, num_nodes: int, row_bytes: int,
+                    device='cpu') -> int:
+        """Bytes one propagation over a worker of ``num_nodes`` nodes on
+        ``device`` may spend on per-chunk temporaries when the widest row it
+        reads has ``row_bytes``: :meth:`budget_for` the device, and at most
+        one node-sized table of such rows (at least 1 MiB)."""
         table = int(num_nodes) * int(row_bytes)
-        return min(self.edge_memory_budget, max(1 << 20, table))
+        return min(self.budget_for(device), max(1 << 20, table))
 
 
 #: The :class:`CommConfig` fields every rank must share (see there).
@@ -110,7 +123,7 @@ def config() -> CommConfig:
 def configure(timeout: Optional[timedelta] = None,
               max_bytes_per_message: Optional[int] = None,
               pipeline_depth: Optional[int] = None,
-              edge_memory_budget: Optional[int] = None,
+              edge_memory_budget: Union[int, str, None] = None,
               halo_slice_bytes: Optional[int] = None,
               reuse_buffers: Optional[bool] = None,
               reuse_buffers_from: Optional[int] = None) -> CommConfig:
@@ -120,7 +133,11 @@ def configure(timeout: Optional[timedelta] = None,
     one rank only. A change of a shared setting (:data:`SHARED_SETTINGS`) is
     compared across ranks by the next operation of :mod:`pyg_sar.comm` (one
     tiny collective); call it on every rank at the same point of the
-    program, with the same values."""
+    program, with the same values. ``edge_memory_budget='auto'`` returns
+    to the device's default."""
+    if edge_memory_budget == 'auto':
+        _CONFIG.edge_memory_budget = None
+        edge_memory_budget = None
     if timeout is not None:
         _CONFIG.timeout = timeout
     if reuse_buffers is not None:

@@ -145,7 +145,7 @@ class DistGraph:
                  chunk_size: Optional[int] = None,
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
-        configure_allocator()  # RSS tracks live tensors (pyg_sar/_malloc.py)
+        configure_allocator()  # RSS tracks live tensors (pyg_sar/utils/malloc.py)
         warn_if_spinning()  # torch loaded first: pyg_sar/utils/openmp.py
         self.mode = mode
         self.chunk_size = chunk_size

@@ -167,7 +167,9 @@ def chunk_limit(module, graph: DistGraph, tensors: List[Tensor]) -> int:
         return graph.chunk_size
     row = sum(math.prod(t.shape) // max(t.shape[0], 1) * t.element_size()
               for t in tensors if t.dim() > 0) or 1
-    return max(8192, comm.config().edge_budget(graph.num_nodes, row) // row)
+    device = tensors[0].device if tensors else 'cpu'
+    return max(8192, comm.config().edge_budget(graph.num_nodes, row,
+                                               device) // row)
 
 
 def _destination_ranges(dst: Tensor, limit: int,

@@ -131,11 +131,13 @@ def limit_heap_retention(threshold_bytes: int = 1 << 20) -> bool:
 
 
 def resolve_device(device: str = 'auto') -> torch.device:
-    """``'auto'``: this worker's GPU (``cuda:LOCAL_RANK``) when CUDA is
-    available, else the CPU; otherwise the named device."""
+    """``'auto'``: this worker's GPU when CUDA is available (``cuda:r % G``
+    for local rank ``r`` and ``G`` GPUs: more ranks than GPUs share them),
+    else the CPU; otherwise the named device."""
     if device == 'auto':
         if torch.cuda.is_available():
-            return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+            return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0))
+                                % torch.cuda.device_count())
         return torch.device('cpu')
     try:
         out = torch.device(device)
@@ -226,12 +228,12 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     if keep_last is not None and checkpoint_dir is None:
         raise ValueError(f"keep_last={keep_last} needs checkpoint_dir")
     _check_paths(parts, checkpoint_dir, save_model, log_dir)
-    configure_allocator()  # the library's allocator policy (_malloc.py)
+    configure_allocator()  # the library's allocator policy (pyg_sar/utils/malloc.py)
     say = _StartupLog(progress)
     say(f"joining the process group "
         f"({os.environ.get('WORLD_SIZE', '1')} workers)")
     rank, world_size = comm.init_distributed(
-        timeout=timedelta(seconds=timeout_s))
+        timeout=timedelta(seconds=timeout_s), device=device)
     device = resolve_device(device)
     comm.configure(pipeline_depth=pipeline_depth)
     say(f"loading the parts of {parts!r}, one per rank")

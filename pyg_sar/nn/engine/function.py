@@ -141,7 +141,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
             per_edge = int(2 * live_copies * row_bytes(gathered) +
                            live_copies * widest * rows_per_edge) + 1
         limit = max(1024, comm.config().edge_budget(
-            self.graph.num_nodes, widest) // per_edge)
+            self.graph.num_nodes, widest, self._device()) // per_edge)
         # A power of two: layers of similar widths then cut blocks alike and
         # share one set of cached chunk CSRs (EdgeBlock.chunked) instead of
         # keeping a set each.
@@ -155,14 +155,19 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         channels]`` results; a block with few edges per destination (a
         peer's block) would otherwise be one chunk over all of the worker's
         rows, whose per-head results are node-sized: mapped, faulted in and
-        unmapped once per head. At most ``edge_memory_budget / 2 KiB`` rows
-        (8,192 at the default 16 MiB), the same for every layer, so layers
+        unmapped once per head. At most ``edge budget / 2 KiB`` rows
+        (8,192 at 16 MiB), the same for every layer, so layers
         share one cut; a worker's own block, with many edges per row,
         reaches its edge limit first and is cut as before."""
         if self.plan.kind != 'attention' or self.plan.value_source is None:
             return None
         return power_of_two_at_most(
-            max(16, comm.config().edge_memory_budget // 2048))
+            max(16, comm.config().budget_for(self._device()) // 2048))
+
+    def _device(self) -> torch.device:
+        """The device this propagation computes on (its first input's)."""
+        return self.tensors[0].device if self.tensors else \
+            torch.device('cpu')
 
     def _slots_read(self, method: str) -> List[int]:
         plan, slots = self.plan, []
