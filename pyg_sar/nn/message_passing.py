@@ -19,7 +19,6 @@ _NEIGHBORHOOD_ARGS = {'index', 'ptr', 'size_i', 'size_j', 'size', 'dim_size',
 _HOOKS = ('_propagate_forward_pre_hooks', '_propagate_forward_hooks',
           '_message_forward_pre_hooks', '_message_forward_hooks',
           '_aggregate_forward_pre_hooks', '_aggregate_forward_hooks')
-_HALF = (torch.float16, torch.bfloat16)
 
 
 class DistMessagePassing(MessagePassing):
@@ -43,7 +42,7 @@ class DistMessagePassing(MessagePassing):
       ``message``, an overridden ``aggregate``, an ``update`` with extra
       arguments, propagate/message/aggregate hooks, ``decomposed_layers``,
       messages over another ``node_dim``, per-edge tensors not named
-      ``edge_*``, half precision) runs PyG's own ``propagate`` over whole
+      ``edge_*``) runs PyG's own ``propagate`` over whole
       neighborhoods (:mod:`pyg_sar.nn.neighborhood`): the halo rows of the
       ``*_j`` inputs are fetched at once and destinations are processed in
       chunks of complete in-neighborhoods, checkpointed in ``"sar"`` mode.
@@ -150,9 +149,6 @@ class DistMessagePassing(MessagePassing):
         (``None``: it can)."""
         if self.flow != 'source_to_target':
             return "flow='target_to_source'"
-        if any(isinstance(v, Tensor) and v.dtype in _HALF
-               for v in _flat(kwargs.values())):
-            return 'half precision'
         message = set(self.inspector.get_param_names('message'))
         read = message | (set(inspect.signature(self.edge_score).parameters)
                           if self.attention else set())

@@ -49,7 +49,7 @@ class SARFunction(torch.autograd.Function):
     def forward(ctx, plan: _Plan, *tensors: Tensor) -> Tensor:
         runner = _Runner(plan, tensors, ctx.needs_input_grad[1:])
         ctx.runner, ctx.layer = runner, plan.module
-        with comm.reusing_buffers():
+        with comm.reusing_buffers(), full_precision(runner):
             out = runner.forward()
         trim_heap()
         if plan.init_slot is not None:
@@ -69,8 +69,9 @@ class SARFunction(torch.autograd.Function):
                 f"(retain_graph=True) is not supported: the SAR engine frees "
                 f"its state after the first backward; run the forward again")
         ctx.runner = None
-        with comm.reusing_buffers():
-            grads = runner.backward(grad_out.contiguous())
+        with comm.reusing_buffers(), full_precision(runner):
+            grads = runner.backward(grad_out.contiguous().to(
+                runner.compute_dtype or grad_out.dtype))
         del runner
         trim_heap()
         return (None, *grads)
@@ -88,6 +89,15 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         self.module = plan.module
         self.params = {s: tensors[s] for s in plan.param_slots}
         self.tensors = [t.detach() for t in tensors]
+        # Half-precision inputs (autocast) are computed in float32: the
+        # aggregation's sums and the softmax statistics never round to 16
+        # bits. The float32 copies exist while a pass runs; between forward
+        # and backward the runner keeps the inputs as they came.
+        self.compute_dtype = compute_dtype(self.tensors)
+        self.stored = self.tensors
+        if self.compute_dtype is not None:
+            self.tensors = [upcast(t, self.compute_dtype)
+                            for t in self.tensors]
         self.needs_grad = list(needs_grad)
         self.src_names = list(plan.src_slots)
         self.sources = [self.tensors[s] for s in plan.src_slots.values()]
@@ -352,6 +362,55 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         for s, p in self.params.items():
             if id(p) in param_grads:
                 self._add(s, param_grads[id(p)])
+
+
+def compute_dtype(tensors: Sequence[Tensor]) -> Optional[torch.dtype]:
+    """``torch.float32`` when a floating input is half precision (float16,
+    bfloat16), else ``None`` (computed in the inputs' own dtypes)."""
+    if any(t.dtype in HALF for t in tensors):
+        return torch.float32
+    return None
+
+
+def upcast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """A half-precision tensor in ``dtype``; any other tensor as it is."""
+    return t.to(dtype) if t.dtype in HALF else t
+
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+class full_precision:
+    """Runs a pass of ``runner`` with autocast off (the engine computes in
+    the dtypes it chose, recomputation included) and, for half-precision
+    inputs, on float32 copies made for the pass and dropped after it."""
+
+    def __init__(self, runner: '_Runner') -> None:
+        self.runner = runner
+        self.device_type = runner.stored[0].device.type \
+            if runner.stored else 'cpu'
+
+    def __enter__(self):
+        runner = self.runner
+        if runner.compute_dtype is not None and runner.stored is not None \
+                and runner.tensors is runner.stored:
+            runner.tensors = [upcast(t, runner.compute_dtype)
+                              for t in runner.stored]
+            runner.sources = [runner.tensors[s]
+                              for s in runner.plan.src_slots.values()]
+        self.autocast = torch.autocast(self.device_type, enabled=False)
+        self.autocast.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.autocast.__exit__(*exc)
+        runner = self.runner
+        if runner.tensors is None:
+            runner.stored = None  # a linear backward needs no input values
+        elif runner.compute_dtype is not None:
+            runner.tensors = runner.stored
+            runner.sources = [runner.tensors[s]
+                              for s in runner.plan.src_slots.values()]
 
 
 def _index_add_rows(target: Tensor, index: Tensor, value: Tensor) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar.graph import DistGraph
-from pyg_sar.nn.engine.function import SARFunction
+from pyg_sar.nn.engine.function import SARFunction, compute_dtype
 
 SUPPORTED_AGGRS = ('sum', 'mean', 'max', 'min')
 _SPECIAL_ARGS = ('index', 'dim_size', 'size_i', 'ptr')
@@ -193,7 +193,8 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
         plan.kind, plan.linear_weight = 'general', None
     if plan.kind in ('general', 'attention'):
         plan.param_slots = [slot(p) for p in _message_parameters(module)]
-    if add_to is not None and plan.kind == 'spmm':
+    half = compute_dtype(tensors) is not None
+    if add_to is not None and plan.kind == 'spmm' and not half:
         source = tensors[next(iter(src_slots.values()))]
         shape = (graph.num_nodes, *source.shape[1:])
         if tuple(add_to.shape) != shape or add_to.dtype != source.dtype:
@@ -207,8 +208,29 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
             add_to = add_to.clone()
         plan.init_slot = slot(add_to)
     out = SARFunction.apply(plan, *tensors)
+    if half:
+        # Computed in float32; returned in the dtype PyG's own propagate
+        # would give: its inputs' promotion (bfloat16 rows with float32
+        # attention scores or edge weights give float32).
+        out = out.to(_result_dtype(tensors, plan))
     if add_to is not None and plan.init_slot is None:
         out = add_to + out
+    return out
+
+
+def _result_dtype(tensors: List[Tensor], plan: _Plan) -> torch.dtype:
+    """The promotion of the floating node and edge inputs (and of a
+    linear message's edge weights): the dtype of PyG's messages."""
+    slots = set(plan.src_slots.values()) | set(plan.dst_slots.values()) | \
+        set(plan.edge_slots.values())
+    dtypes = [tensors[s].dtype for s in slots
+              if tensors[s].is_floating_point()]
+    weight = plan.linear_weight
+    if isinstance(weight, Tensor) and weight.is_floating_point():
+        dtypes.append(weight.dtype)
+    out = dtypes[0]
+    for dtype in dtypes[1:]:
+        out = torch.promote_types(out, dtype)
     return out
 
 
