@@ -53,8 +53,8 @@ import torch.nn.functional as F
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(HERE)
 NUM_FEATURES, NUM_CLASSES, DEGREE, RELATIONS = 128, 16, 20, 4
-SECTIONS = ('layers', 'autocast', 'budget', 'sharing', 'cpu', 'largest',
-            'exact')
+SECTIONS = ('layers', 'profile', 'autocast', 'budget', 'sharing', 'cpu',
+            'largest', 'exact')
 
 
 # Models ######################################################################
@@ -201,9 +201,13 @@ def _status_bytes(key: str) -> Optional[int]:
 
 
 def train_epochs(model, inputs: tuple, y, mask, epochs: int, meter: Meter,
-                 amp: Optional[torch.dtype] = None) -> Dict[str, Any]:
+                 amp: Optional[torch.dtype] = None,
+                 max_s: float = float('inf')) -> Dict[str, Any]:
     """One untimed epoch (its peak memory and loss), then ``epochs`` timed
-    ones: forward, cross-entropy over ``mask``, backward, Adam step."""
+    ones: forward, cross-entropy over ``mask``, backward, Adam step. Where
+    the first epoch shows that they would not fit in ``max_s``, one timed
+    epoch (none if that would not fit either: the first one's time then
+    stands, marked ``first_epoch_only``)."""
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     model.train()
     num_train = max(int(mask.sum()), 1)
@@ -220,8 +224,15 @@ def train_epochs(model, inputs: tuple, y, mask, epochs: int, meter: Meter,
         return float(loss.detach())
 
     meter.start()
+    start = time.perf_counter()
     first_loss = epoch()
+    first_s = time.perf_counter() - start
     peak = meter.peak_mib()
+    if first_s * epochs > max_s:
+        epochs = 1 if first_s < max_s else 0
+    if epochs == 0:
+        return dict(epoch_s=first_s, peak_mib=peak, first_loss=first_loss,
+                    first_epoch_only=True)
     times = []
     for _ in range(epochs):
         meter.sync()
@@ -272,7 +283,8 @@ class Homogeneous:
             part.x, part.edge_type, part.y, part.train_mask))
 
     def run(self, name: str, impl: str, epochs: int,
-            amp: Optional[torch.dtype] = None) -> Dict[str, Any]:
+            amp: Optional[torch.dtype] = None,
+            max_s: float = float('inf')) -> Dict[str, Any]:
         model = homogeneous_model(name)
         if impl == 'pyg':
             x, edge_index, edge_type, y, mask = self.stock
@@ -285,7 +297,7 @@ class Homogeneous:
             inputs = (x, self.graph) + ((edge_type, ) if name == 'RGCN'
                                         else ())
         return train_epochs(model, inputs, y.long(), mask.bool(), epochs,
-                            Meter(self.device), amp)
+                            Meter(self.device), amp, max_s)
 
 
 class Hetero:
@@ -310,7 +322,8 @@ class Hetero:
                      part['paper'].y.to(device),
                      part['paper'].train_mask.to(device))
 
-    def run(self, impl: str, epochs: int) -> Dict[str, Any]:
+    def run(self, impl: str, epochs: int,
+            max_s: float = float('inf')) -> Dict[str, Any]:
         model = hgt_model(self.metadata)
         if impl == 'pyg':
             x_dict, edges, y, mask = self.stock
@@ -321,7 +334,7 @@ class Hetero:
             inputs = (x_dict, self.graph)
             model = pyg_sar.nn.to_distributed(model).to(self.device)
         return train_epochs(model, inputs, y.long(), mask.bool(), epochs,
-                            Meter(self.device))
+                            Meter(self.device), max_s=max_s)
 
 
 def side_by_side(run: Callable[[str], Dict[str, Any]], **info) -> dict:
@@ -365,14 +378,17 @@ def section_layers(args, device, work, clock) -> List[dict]:
             rows.append(dict(layer=name, skipped='time budget'))
             continue
         rows.append(side_by_side(
-            lambda impl: graph.run(name, impl, args.epochs), layer=name,
-            nodes=graph.num_nodes, edges=graph.num_edges))
+            lambda impl: graph.run(name, impl, args.epochs,
+                                   max_s=clock.left() / 4),
+            layer=name, nodes=graph.num_nodes, edges=graph.num_edges))
         _say_layer(rows[-1])
     if clock.left() > 20:
         hetero = guarded(lambda: Hetero(args.nodes // 2, device, work))
         if isinstance(hetero, Hetero):
             rows.append(side_by_side(
-                lambda impl: hetero.run(impl, args.epochs), layer='HGT',
+                lambda impl: hetero.run(impl, args.epochs,
+                                        max_s=clock.left() / 3),
+                layer='HGT',
                 nodes=hetero.num_nodes, edges=hetero.num_edges))
             _say_layer(rows[-1])
         else:
@@ -392,9 +408,43 @@ def section_autocast(args, device, work, clock) -> List[dict]:
                              skipped='time budget'))
             continue
         rows.append(side_by_side(
-            lambda impl: graph.run(name, impl, args.epochs, amp=dtype),
+            lambda impl: graph.run(name, impl, args.epochs, amp=dtype,
+                                   max_s=clock.left() / 4),
             layer=name, dtype=str(dtype)[6:]))
         _say_layer(rows[-1])
+    return rows
+
+
+def section_profile(args, device, work, clock) -> List[dict]:
+    """Where one pyg_sar epoch of the slowest paths spends its time on
+    this device (``torch.profiler``, the top operators by self time), on a
+    graph of ``--profile-nodes`` nodes."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    sort = 'self_cuda_time_total' if device.type == 'cuda' else \
+        'self_cpu_time_total'
+    rows = []
+    graph = homogeneous(args.profile_nodes, device, work)
+    hetero = None
+    for name in ('HGT', 'GEN', 'GATv2', 'GAT'):
+        if clock.left() < 10:
+            rows.append(dict(layer=name, skipped='time budget'))
+            continue
+        if name == 'HGT':
+            hetero = hetero or Hetero(args.profile_nodes // 2, device, work)
+            run = lambda: hetero.run('sar', 0)  # noqa: E731
+        else:
+            run = lambda: graph.run(name, 'sar', 0)  # noqa: E731
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            result = guarded(run)
+            seconds = time.perf_counter() - start
+        table = prof.key_averages().table(sort_by=sort, row_limit=12,
+                                          max_name_column_width=40)
+        rows.append(dict(layer=name, epoch_s=seconds, table=table,
+                         error=result.get('error')))
+        print(f"  profile {name}: {seconds:.2f} s\n{table}", flush=True)
     return rows
 
 
@@ -411,7 +461,8 @@ def section_budget(args, device, work, clock) -> List[dict]:
             break
         comm.configure(edge_memory_budget=budget)
         try:
-            result = guarded(lambda: graph.run('GAT', 'sar', args.epochs))
+            result = guarded(lambda: graph.run('GAT', 'sar', args.epochs,
+                                               max_s=clock.left() / 2))
         finally:
             comm.configure(edge_memory_budget='auto')
         rows.append(dict(layer='GAT', budget_mib=budget >> 20,
@@ -488,6 +539,16 @@ def worker(args) -> None:
         pyg_sar.comm.shutdown()
 
 
+_PREPARED: Dict[int, 'Prepared'] = {}
+
+
+def prepared_graph(num_nodes: int, work: str) -> 'Prepared':
+    """The multi-worker graph, prepared once for every section."""
+    if num_nodes not in _PREPARED:
+        _PREPARED[num_nodes] = Prepared(num_nodes, work)
+    return _PREPARED[num_nodes]
+
+
 class Prepared:
     """``--cpu-nodes`` graph partitioned into 1, 2 and 4 parts (METIS), and
     saved whole for the stock baseline."""
@@ -515,7 +576,8 @@ def launch(args, prepared: Prepared, n: int, model: str, device: str,
     results = []
     # Each worker writes <out>/<RANK>.json (see __main__).
     tail = ['--worker', '--impl', impl, '--model', model, '--device',
-            device, '--threads', str(threads), '--epochs', str(args.epochs),
+            device, '--threads', str(threads), '--epochs',
+            str(args.cpu_epochs),
             '--parts', prepared.parts(n if impl == 'sar' else 0),
             '--result', out]
     head = [sys.executable] if impl == 'pyg' else \
@@ -545,7 +607,7 @@ def section_sharing(args, device, work, clock) -> List[dict]:
     torch.cuda.empty_cache()
     if device.type != 'cuda':
         return [dict(skipped='no GPU: ranks sharing a GPU need one')]
-    prepared = Prepared(args.cpu_nodes, work)
+    prepared = prepared_graph(args.cpu_nodes, work)
     rows = []
     for n in (1, 2, 4):
         threads = max(1, (os.cpu_count() or 1) // n)
@@ -558,7 +620,7 @@ def section_sharing(args, device, work, clock) -> List[dict]:
 
 def section_cpu(args, device, work, clock) -> List[dict]:
     cores = os.cpu_count() or 1
-    prepared = Prepared(args.cpu_nodes, work)
+    prepared = prepared_graph(args.cpu_nodes, work)
     counts = [n for n in (1, 2, 4) if n <= cores]
     per_worker = max(1, cores // max(counts))
     rows = []
@@ -821,11 +883,27 @@ def main(args) -> int:
     print(f"device check on {env['device_name']} (torch {env['torch']}, "
           f"PyG {env['pyg']}, {env['cpu_count']} cores)", flush=True)
     result: Dict[str, Any] = dict(env=env)
+    if args.keep:
+        # Sections not run now come from an earlier run on the same device.
+        with open(args.keep) as f:
+            earlier = json.load(f)
+        if earlier['env']['device_name'] != env['device_name']:
+            raise SystemExit(f"--keep {args.keep}: measured on "
+                             f"{earlier['env']['device_name']}, not on "
+                             f"{env['device_name']}")
+        for name, value in earlier.items():
+            if name not in args.sections and name not in (
+                    'env', 'targets', 'seconds'):
+                result[name] = value
+        result['env']['earlier_run'] = earlier['env']
+        result['seconds'] = {k: v for k, v in earlier.get(
+            'seconds', {}).items() if k not in args.sections}
     clock = Clock(args.budget_s)
-    share = dict(layers=0.34, autocast=0.07, budget=0.08, sharing=0.12,
-                 cpu=0.20, largest=0.09, exact=0.10)
+    share = dict(layers=0.34, profile=0.08, autocast=0.07, budget=0.08,
+                 sharing=0.12, cpu=0.20, largest=0.09, exact=0.10)
     run = [s for s in SECTIONS if s in args.sections]
-    fns = dict(layers=section_layers, autocast=section_autocast,
+    fns = dict(layers=section_layers, profile=section_profile,
+               autocast=section_autocast,
                budget=section_budget, sharing=section_sharing,
                cpu=section_cpu, largest=section_largest,
                exact=section_exact)
@@ -833,7 +911,8 @@ def main(args) -> int:
         for k, name in enumerate(run):
             # A section may use its share plus what earlier ones left.
             rest = sum(share[s] for s in run[k:])
-            section_clock = Clock(clock.left() * share[name] / rest)
+            section_clock = Clock(max(clock.left() * share[name] / rest,
+                                      0.0))
             print(f"[{name}] {section_clock.left():.0f} s", flush=True)
             start = time.perf_counter()
             try:
@@ -888,6 +967,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--cpu-nodes', type=int, default=200_000,
                    help='nodes of the multi-worker graph')
     p.add_argument('--epochs', type=int, default=3, help='timed epochs')
+    p.add_argument('--cpu-epochs', type=int, default=2,
+                   help='timed epochs of the multi-worker runs')
+    p.add_argument('--profile-nodes', type=int, default=200_000,
+                   help='nodes of the profiled graph')
+    p.add_argument('--keep', default=None,
+                   help='an earlier JSON of this check on the same device: '
+                   'the sections not run now are taken from it')
     p.add_argument('--budget-s', type=float, default=420,
                    help='seconds for the whole check')
     p.add_argument('--sections', nargs='+', default=list(SECTIONS),
