@@ -723,9 +723,7 @@ def section_exact(args, device, work, clock) -> List[dict]:
              'tests/test_rgcn_exact.py::test_rgcn_matches_pyg[3]',
              'tests/test_hetero_exact.py::test_hetero_models_match_pyg[3]',
              'tests/test_hetero_zoo_exact.py::test_rgat_and_heat_match_'
-             'pyg[3]',
-             'tests/test_sar_exact.py', 'tests/test_rgcn_exact.py',
-             'tests/test_hetero_exact.py']
+             'pyg[3]']
     env = dict(os.environ, PYG_SAR_TEST_DEVICE=str(device.type))
     timeout = max(30, clock.left() - 5)
     cmd = [sys.executable, '-m', 'pytest', '-q', '-rfE', '-p',
