@@ -806,10 +806,12 @@ def plot(result: dict, path: str) -> None:
     xs = range(len(layers))
     ax.bar([x - 0.2 for x in xs], [r['epoch_ratio'] for r in layers], 0.4,
            label='epoch time')
-    ax.bar([x + 0.2 for x in xs], [r.get('memory_ratio', 0) for r in layers],
-           0.4, label='peak memory')
-    ax.axhline(1.0, color='k', lw=0.8)
-    ax.axhline(0.3, color='gray', ls='--', lw=0.8)
+    ax.bar([x + 0.2 for x in xs],
+           [r.get('memory_ratio', float('nan')) for r in layers], 0.4,
+           label='peak memory')
+    ax.axhline(1.0, color='k', lw=0.8, label='stock PyG')
+    ax.axhline(0.3, color='gray', ls='--', lw=0.8, label='0.3x')
+    ax.set_yscale('log')
     ax.set_xticks(list(xs))
     ax.set_xticklabels(names, rotation=45, ha='right')
     ax.set_ylabel('pyg_sar / stock PyG')
@@ -835,7 +837,8 @@ def plot(result: dict, path: str) -> None:
         ax.plot([r['workers'] for r in share],
                 [r['peak_mib_per_rank'] for r in share], 'o-',
                 label='peak MiB per rank')
-        ax.set_xlabel('ranks sharing one GPU (gloo)')
+        ax.set_xlabel('ranks on one GPU (1: nccl; more: gloo, shared)')
+        ax.set_xticks([r['workers'] for r in share])
         ax.set_ylabel('MiB')
         ax2 = ax.twinx()
         ax2.plot([r['workers'] for r in share],
@@ -944,6 +947,34 @@ def main(args) -> int:
     return 0
 
 
+def merge(paths: List[str], args) -> int:
+    """One result from the JSONs of several runs of this check on the same
+    device (a later run's sections replace an earlier run's), with the
+    summaries, targets and plot made anew; nothing is measured."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    devices = {r['env']['device_name'] for r in runs}
+    if len(devices) != 1:
+        raise SystemExit(f"--merge: runs on different devices {devices}")
+    result: Dict[str, Any] = dict(env=dict(runs[-1]['env'], runs=[
+        dict(r['env'], sections=[k for k in r.get('seconds', {})])
+        for r in runs]), seconds={})
+    for run in runs:
+        for name in SECTIONS:
+            if name in run.get('seconds', {}):
+                result[name] = run[name]
+                result['seconds'][name] = run['seconds'][name]
+    if 'cpu' in result:
+        result['cpu_summary'] = cpu_summary(result['cpu'])
+    if 'largest' in result:
+        result['largest_summary'] = largest_summary(result['largest'])
+    result['targets'] = targets(result)
+    _write(result, args, with_plot=True)
+    return 0
+
+
 def _write(result: dict, args, with_plot: bool = False) -> None:
     name = args.name or ('device_check' if args.device != 'cpu'
                          else 'device_check_cpu')
@@ -978,6 +1009,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--keep', default=None,
                    help='an earlier JSON of this check on the same device: '
                    'the sections not run now are taken from it')
+    p.add_argument('--merge', nargs='+', default=None, metavar='JSON',
+                   help='measure nothing: merge the JSONs of runs on one '
+                   'device (later sections win) into <out>/<name>.json')
     p.add_argument('--budget-s', type=float, default=420,
                    help='seconds for the whole check')
     p.add_argument('--sections', nargs='+', default=list(SECTIONS),
@@ -1000,5 +1034,7 @@ if __name__ == '__main__':
         arguments.result = osp.join(arguments.result,
                                     f"{os.environ.get('RANK', '0')}.json")
         worker(arguments)
+    elif arguments.merge:
+        sys.exit(merge(arguments.merge, arguments))
     else:
         sys.exit(main(arguments))
