@@ -292,3 +292,58 @@ def test_corrupt_part_file_stops_every_rank_within_seconds(tmp_path):
         assert lines.index(ours[-1]) < tracebacks[0]
         assert 'torch/distributed' in lines[tracebacks[0] + 1] or \
             'runpy' in lines[tracebacks[0] + 1], run.stderr
+
+
+FAILING_SCRIPT = '''
+import pyg_sar, torch
+from pyg_sar import comm
+rank, world_size = pyg_sar.init_distributed()
+if rank == 1:
+    raise ValueError("rank 1 refuses: x has 3 columns, expected 4")
+comm.all_reduce(torch.ones(1))
+comm.barrier()
+'''
+
+
+def test_torchrun_names_the_rank_that_failed_first(tmp_path):
+    """A user's script raises on rank 1 of 3 while ranks 0 and 2 wait in a
+    collective: torchrun's "Root Cause" is rank 1 with its error (it named
+    rank 0, the lowest of the tied ranks, before init_distributed recorded
+    failures for the launcher), and the peers' errors quote rank 1's line."""
+    import re
+    import subprocess
+    import sys
+    script = tmp_path / 'fails.py'
+    script.write_text(FAILING_SCRIPT)
+    command = [sys.executable, '-m', 'torch.distributed.run',
+               '--nproc-per-node', '3', '--master-port',
+               str(comm.find_free_port()), str(script)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert run.returncode != 0
+    root = run.stderr[run.stderr.index('Root Cause'):]
+    assert re.search(r'rank\s*: 1 \(local_rank: 1\)', root), root
+    assert 'ValueError: rank 1 refuses: x has 3 columns, expected 4' in root
+    peers = [line for line in run.stderr.splitlines()
+             if 'PeerError: rank ' in line and line.startswith('[rank')]
+    assert peers, run.stderr
+    for line in peers:
+        assert 'rank 1 stopped first: "ValueError: rank 1 refuses' in line, \
+            line
+
+
+def test_a_peer_error_is_recorded_after_the_failure_it_observed(tmp_path):
+    # The records torchrun compares: an error of the worker's own is
+    # backdated below torchrun's one-second resolution; a PeerError is not.
+    import json
+    from pyg_sar.comm.errors import PeerError
+    from pyg_sar.comm.launcher import record_failure
+    own = record_failure(ValueError('bad input'),
+                         path=str(tmp_path / 'own.json'))
+    seen = record_failure(PeerError('rank 0: rank 1 died'),
+                          path=str(tmp_path / 'peer.json'))
+    stamps = [int(json.load(open(p))['message']['extraInfo']['timestamp'])
+              for p in (own, seen)]
+    assert stamps[0] < stamps[1]
+    # A file the user's own @record wrote is left as it is.
+    assert record_failure(ValueError('again'), path=own) is None

@@ -32,7 +32,10 @@ def init_distributed(
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``. Without them (a plain
     ``python script.py``) it runs as a single worker with no process group.
-    ``timeout`` bounds every collective wait of the package.
+    ``timeout`` bounds every collective wait of the package. Under a
+    process group, an uncaught error of this worker is recorded for the
+    launcher (:mod:`pyg_sar.comm.launcher`): torchrun then names this rank
+    as the root cause rather than a peer that only saw it die.
 
     ``backend=None`` picks it from where the worker's tensors live
     (:func:`pick_backend`): ``nccl`` when they are on CUDA and every local
@@ -82,6 +85,9 @@ def init_distributed(
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timeout, store=_restart_store(timeout))
     _destroy_groups_at_exit()
+    # An uncaught error of this worker is what torchrun names first.
+    from pyg_sar.comm.launcher import install_failure_hook
+    install_failure_hook()
     return rank, world_size
 
 
