@@ -542,10 +542,12 @@ def worker(args) -> None:
 _PREPARED: Dict[int, 'Prepared'] = {}
 
 
-def prepared_graph(num_nodes: int, work: str) -> 'Prepared':
-    """The multi-worker graph, prepared once for every section."""
+def prepared_graph(num_nodes: int, work: str,
+                   counts=(1, 2, 4)) -> 'Prepared':
+    """The multi-worker graph in ``counts`` parts, prepared once for
+    every section."""
     if num_nodes not in _PREPARED:
-        _PREPARED[num_nodes] = Prepared(num_nodes, work)
+        _PREPARED[num_nodes] = Prepared(num_nodes, work, counts)
     return _PREPARED[num_nodes]
 
 
