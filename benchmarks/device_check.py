@@ -960,14 +960,14 @@ def merge(paths: List[str], args) -> int:
     devices = {r['env']['device_name'] for r in runs}
     if len(devices) != 1:
         raise SystemExit(f"--merge: runs on different devices {devices}")
+    taken = {name: k for k, run in enumerate(runs) for name in SECTIONS
+             if name in run.get('seconds', {})}
     result: Dict[str, Any] = dict(env=dict(runs[-1]['env'], runs=[
-        dict(r['env'], sections=[k for k in r.get('seconds', {})])
-        for r in runs]), seconds={})
-    for run in runs:
-        for name in SECTIONS:
-            if name in run.get('seconds', {}):
-                result[name] = run[name]
-                result['seconds'][name] = run['seconds'][name]
+        dict(r['env'], sections=[n for n in SECTIONS if taken.get(n) == k])
+        for k, r in enumerate(runs)]), seconds={})
+    for name, k in taken.items():
+        result[name] = runs[k][name]
+        result['seconds'][name] = runs[k]['seconds'][name]
     if 'cpu' in result:
         result['cpu_summary'] = cpu_summary(result['cpu'])
     if 'largest' in result:

@@ -37,6 +37,7 @@ extensions = [
     'pyg_sar_api',
     'pyg_sar_cheatsheet',
     'pyg_sar_cli',
+    'pyg_sar_results',
 ]
 
 exclude_patterns = ['_build', 'Thumbs.db', '.DS_Store']

@@ -1,0 +1,190 @@
+"""Benchmark result tables, generated from the results' JSON.
+
+``.. pyg-sar-device-check:: layers`` (or ``autocast``, ``budget``,
+``sharing``, ``cpu``, ``largest``, ``exact``, ``targets``, ``device``)
+renders one section of ``benchmarks/results/device_check.json`` (the output
+of ``benchmarks/device_check.py``) as a table, so the page shows the last
+committed run and cannot drift from it. A section the run did not reach
+says so. ``.. pyg-sar-scaling::`` does the same for ``scaling.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.parsing import nested_parse_to_nodes
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'benchmarks', 'results')
+
+
+def _num(value: Optional[float], digits: int = 3) -> str:
+    if value is None:
+        return '-'
+    if abs(value) >= 100:
+        return f'{value:,.0f}'
+    return f'{value:.{digits}f}'
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ['.. list-table::', '   :header-rows: 1', '']
+    for row in [header] + rows:
+        lines.append(f'   * - {row[0]}')
+        lines.extend(f'     - {cell}' for cell in row[1:])
+    return lines + ['']
+
+
+def _outcome(entry: Dict[str, Any]) -> Optional[str]:
+    for key in ('skipped', 'error'):
+        if entry.get(key):
+            return f'{key}: {entry[key]}'
+    return None
+
+
+def _layers(result: dict, name: str) -> List[str]:
+    rows = []
+    for r in result.get(name, []):
+        pyg, sar = r.get('pyg', {}), r.get('sar', {})
+        missing = _outcome(r) or _outcome(pyg) or _outcome(sar)
+        label = r.get('layer', '?') + (f" ({r['dtype']})" if r.get('dtype')
+                                       else '')
+        if missing and 'epoch_ratio' not in r:
+            rows.append([label, missing, '', '', '', '', '', ''])
+            continue
+        rows.append([label, _num(pyg.get('epoch_s')),
+                     _num(sar.get('epoch_s')), _num(r.get('epoch_ratio'), 2),
+                     _num(pyg.get('peak_mib')), _num(sar.get('peak_mib')),
+                     _num(r.get('memory_ratio'), 2),
+                     f"{r.get('loss_rel_diff', 0):.0e}"])
+    return _table(['layer', 'stock epoch (s)', 'pyg_sar epoch (s)', 'ratio',
+                   'stock peak (MiB)', 'pyg_sar peak (MiB)', 'ratio',
+                   'first loss, rel. diff.'], rows)
+
+
+def _budget(result: dict) -> List[str]:
+    rows = [[f"{r['budget_mib']:,}" + (' (default)' if r.get('default')
+                                       else ''),
+             _outcome(r) or _num(r.get('epoch_s')), _num(r.get('peak_mib'))]
+            for r in result.get('budget', [])]
+    return _table(['edge_memory_budget (MiB)', 'GAT epoch (s)',
+                   'peak (MiB)'], rows)
+
+
+def _sharing(result: dict) -> List[str]:
+    rows = [[str(r.get('workers')), ', '.join(r.get('backends', [])) or '-',
+             _outcome(r) or _num(r.get('epoch_s')),
+             _num(r.get('peak_mib_per_rank'))]
+            for r in result.get('sharing', [])]
+    return _table(['ranks on one GPU', 'backend chosen', 'epoch (s)',
+                   'peak per rank (MiB)'], rows)
+
+
+def _cpu(result: dict) -> List[str]:
+    rows = []
+    for r in result.get('cpu', []):
+        rows.append([r.get('model', '?'),
+                     'stock PyG' if r.get('impl') == 'pyg' else 'pyg_sar',
+                     f"{r.get('workers')} x {r.get('threads')}",
+                     _outcome(r) or _num(r.get('epoch_s')),
+                     _num(r.get('peak_mib_per_rank'))])
+    return _table(['model', 'run', 'workers x threads', 'epoch (s)',
+                   'peak per worker (MiB)'], rows)
+
+
+def _largest(result: dict) -> List[str]:
+    rows = [[r.get('impl', '-'), f"{r.get('nodes', 0):,}",
+             _outcome(r) or 'trained', _num(r.get('peak_mib'))]
+            for r in result.get('largest', [])]
+    return _table(['run', 'nodes', 'outcome', 'peak (MiB)'], rows)
+
+
+def _exact(result: dict) -> List[str]:
+    rows = []
+    for r in result.get('exact', []):
+        rows.append([', '.join(f'``{f}``' for f in r.get('files', [])),
+                     _outcome(r) or r.get('summary', '-'),
+                     ' '.join(r.get('tail', []))[-200:] or '-'])
+    return _table(['tests', 'outcome', 'last output'], rows)
+
+
+def _targets(result: dict) -> List[str]:
+    rows = [[t['target'], _num(t['value']), 'met' if t['met'] else
+             '**not met**'] for t in result.get('targets', [])]
+    return _table(['target', 'value', ''], rows)
+
+
+def _device(result: dict) -> List[str]:
+    env = result['env']
+    runs = env.get('runs', [env])
+    lines = [f"Measured on **{env['device_name']}** "
+             f"({env.get('gpu_memory_gib') or 0:.0f} GiB) with "
+             f"{env['cpu_count']} CPU cores, torch {env['torch']}, PyG "
+             f"{env['pyg']}; {env['nodes']:,} nodes for one device, "
+             f"{env['cpu_nodes']:,} for several workers, "
+             f"{len(runs)} run(s) of the check merged:", '']
+    for k, run in enumerate(runs, 1):
+        sections = ', '.join(run.get('sections', [])) or 'all'
+        lines.append(f'- run {k}: {sections}')
+    return lines + ['']
+
+
+_SECTIONS = {
+    'layers': lambda r: _layers(r, 'layers'),
+    'autocast': lambda r: _layers(r, 'autocast'),
+    'budget': _budget, 'sharing': _sharing, 'cpu': _cpu,
+    'largest': _largest, 'exact': _exact, 'targets': _targets,
+    'device': _device,
+}
+
+
+class DeviceCheck(SphinxDirective):
+    required_arguments = 1
+
+    def run(self):
+        section = self.arguments[0]
+        if section not in _SECTIONS:
+            raise ExtensionError(f"pyg-sar-device-check: unknown section "
+                                 f"{section!r} (expected one of "
+                                 f"{sorted(_SECTIONS)})")
+        path = os.path.join(RESULTS, 'device_check.json')
+        self.env.note_dependency(path)
+        with open(path) as f:
+            result = json.load(f)
+        if section not in ('device', 'targets') and section not in result:
+            lines = [f'*Not measured in the last run* ({section}).', '']
+        else:
+            lines = _SECTIONS[section](result)
+        return nested_parse_to_nodes(self.state, StringList(lines),
+                                     source=path)
+
+
+class Scaling(SphinxDirective):
+    """``.. pyg-sar-scaling::``: ``benchmarks/results/scaling.json``
+    (``benchmarks/scaling.py``) as a table."""
+
+    def run(self):
+        path = os.path.join(RESULTS, 'scaling.json')
+        self.env.note_dependency(path)
+        with open(path) as f:
+            result = json.load(f)
+        rows = [[r['model'], f"{r['workers']} x {r['threads']}",
+                 _num(r['epoch_s']), _num(r.get('vs_stock'), 2),
+                 _num(r.get('efficiency'), 2),
+                 _num(r.get('split_ratio'), 2)] for r in result['table']]
+        lines = [f"{result['nodes']:,} nodes, {result['cores']} cores, "
+                 f"{result['epochs']} timed epochs per run:", ''] + _table(
+            ['model', 'workers x threads', 'epoch (s)', 'vs stock PyG',
+             'efficiency t(1) / (N t(N))', 'split t(N) / t(1)'], rows)
+        return nested_parse_to_nodes(self.state, StringList(lines),
+                                     source=path)
+
+
+def setup(app: Sphinx) -> Dict[str, Any]:
+    app.add_directive('pyg-sar-device-check', DeviceCheck)
+    app.add_directive('pyg-sar-scaling', Scaling)
+    return {'parallel_read_safe': True}
