@@ -17,6 +17,17 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
+# Launching ###################################################################
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for a local launch
+    (torch-free: the drivers import this module)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
 # Memory probes ###############################################################
 
 def maxrss_mib() -> float:

@@ -52,7 +52,8 @@ from typing import List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import add_internal_args, run_script, write_results  # noqa: E402
+from _common import (add_internal_args, free_port, run_script,  # noqa: E402
+                     write_results)
 REPO = osp.dirname(HERE)
 GRAPHS = {'sage': 200_000, 'gat': 200_000, 'gcn': 200_000, 'gen': 200_000}
 HIDDEN = {'sage': 256, 'gat': 128, 'gcn': 256, 'gen': 128}
@@ -60,12 +61,6 @@ NO_CUT = 'pyg_sar, no cut'
 # Models the DGL worker builds (benchmarks/dgl_worker.py).
 DGL_MODELS = ('sage', 'gat', 'gcn')
 
-
-def _free_port() -> int:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 BUSY = 'import time\nend = time.time() + {s}\nwhile time.time() < end: pass'
@@ -112,7 +107,7 @@ def launch(worker_args: List[str], world_size: int, work: str,
            code: str, timeout_s: float,
            extra_env: Optional[dict] = None) -> List[dict]:
     """``world_size`` fresh workers importing pyg_sar from ``code``."""
-    port, procs, paths = _free_port(), [], []
+    port, procs, paths = free_port(), [], []
     for rank in range(world_size):
         env = {k: v for k, v in os.environ.items()
                if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR',

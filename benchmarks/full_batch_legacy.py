@@ -43,7 +43,7 @@ from typing import Dict, List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import (add_internal_args, finish_worker,  # noqa: E402
+from _common import (add_internal_args, finish_worker, free_port,  # noqa: E402
                      init_worker, measure_epochs, run_script, status_mib,
                      write_results)
 MODELS = ('sage', 'gat', 'transformer', 'gen')
@@ -162,12 +162,6 @@ def worker(args: argparse.Namespace) -> None:
 
 # Driver ######################################################################
 
-def _free_port() -> int:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
 
 def _launch(script_args: List[str], world_size: int, out_dir: str,
             timeout_s: float,
@@ -175,7 +169,7 @@ def _launch(script_args: List[str], world_size: int, out_dir: str,
             script: Optional[str] = None) -> List[dict]:
     """Runs ``world_size`` fresh worker processes of ``script`` (default:
     this file) with ``--worker``, returns their results."""
-    port = _free_port()
+    port = free_port()
     procs, paths = [], []
     for rank in range(world_size):
         env = dict(os.environ)

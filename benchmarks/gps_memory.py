@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _common import reset_hwm, status_mib  # noqa: E402
+from _common import free_port, reset_hwm, status_mib  # noqa: E402
 
 HERE = osp.dirname(osp.abspath(__file__))
 
@@ -98,7 +98,7 @@ def worker(args) -> None:
 
 
 def _run(args, impl: str, nodes: int, world_size: int, parts: str, tmp: str):
-    port = str(_free_port())
+    port = str(free_port())
     procs, paths = [], []
     for rank in range(world_size):
         path = osp.join(tmp, f'{impl}_{nodes}_{world_size}_{rank}.json')
@@ -120,12 +120,6 @@ def _run(args, impl: str, nodes: int, world_size: int, parts: str, tmp: str):
             results.append(json.load(f))
     return results
 
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def main(args) -> int:

@@ -28,6 +28,9 @@ import tempfile
 import time
 from typing import List
 
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _common import free_port  # noqa: E402
+
 HERE = osp.dirname(osp.abspath(__file__))
 
 
@@ -87,7 +90,7 @@ def _launch(args, parts: str, world_size: int, fraction: float,
     with tempfile.TemporaryDirectory() as result_dir:
         command = [sys.executable, '-m', 'torch.distributed.run',
                    '--nproc-per-node', str(world_size), '--master-port',
-                   str(_free_port()), osp.abspath(__file__), '--worker',
+                   str(free_port()), osp.abspath(__file__), '--worker',
                    '--parts', parts, '--fraction', str(fraction), '--epochs',
                    str(args.epochs), '--result-dir', result_dir,
                    '--model', model] + \
@@ -100,12 +103,6 @@ def _launch(args, parts: str, world_size: int, fraction: float,
         return [json.load(open(osp.join(result_dir, f'{r}.json')))
                 for r in range(world_size)]
 
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 def main(args: argparse.Namespace) -> None:

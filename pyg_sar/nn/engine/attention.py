@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar.graph.blocks import EdgeChunk
-from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul,
+from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul, sparse_csr,
                                        sparse_kernels_fit)
 
 # PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
@@ -153,9 +153,8 @@ class AttentionMixin:
         # per edge instead.
         dense_ok = sparse_kernels_fit(chunk.num_edges, (hi - lo, num_src))
         if dense_ok:
-            pattern = torch.sparse_csr_tensor(
-                crow, col, score.new_zeros(chunk.num_edges),
-                (hi - lo, num_src))
+            pattern = sparse_csr(crow, col, score.new_zeros(chunk.num_edges),
+                                 (hi - lo, num_src))
         for h in range(heads.shape[0]):
             if dense_ok:
                 dot[:, h] = torch.sparse.sampled_addmm(

@@ -13,9 +13,17 @@ from pyg_sar import comm
 from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.reduce import _per_row
 
-# CSR products are the point of the linear path; their beta notice is noise.
-warnings.filterwarnings('ignore', '.*Sparse CSR tensor support is in beta.*')
-warnings.filterwarnings('ignore', '.*Sparse invariant checks are implicitly.*')
+
+def sparse_csr(crow: Tensor, col: Tensor, values: Tensor, shape) -> Tensor:
+    """``torch.sparse_csr_tensor`` without its beta notice: CSR products
+    are the point of the linear path, and the notice says nothing to a user
+    of this package. Silenced here only, not for the process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', '.*Sparse CSR tensor support is '
+                                'in beta.*')
+        warnings.filterwarnings('ignore', '.*Sparse invariant checks are '
+                                'implicitly.*')
+        return torch.sparse_csr_tensor(crow, col, values, shape)
 
 
 def sparse_kernels_fit(num_entries: int, shape) -> bool:
@@ -32,7 +40,7 @@ def csr_matmul(crow: Tensor, col: Tensor, values: Tensor, shape,
     some CPU kernels; such chunks are tiny, and are summed by ``index_add``
     instead."""
     if sparse_kernels_fit(col.numel(), shape):
-        return torch.sparse_csr_tensor(crow, col, values, shape) @ dense
+        return sparse_csr(crow, col, values, shape) @ dense
     rows = shape[0]
     row = torch.repeat_interleave(torch.arange(rows, device=col.device),
                                   (crow[1:] - crow[:-1]).long(),
@@ -48,7 +56,7 @@ def csr_into(out: Tensor, crow: Tensor, col: Tensor, values: Tensor, shape,
     (:func:`_spmm_into`), through :func:`csr_matmul`'s fallback where the
     pattern has more entries than cells."""
     if sparse_kernels_fit(col.numel(), shape):
-        _spmm_into(out, torch.sparse_csr_tensor(crow, col, values, shape),
+        _spmm_into(out, sparse_csr(crow, col, values, shape),
                    dense, accumulate)
     elif accumulate:
         out += csr_matmul(crow, col, values, shape, dense)
