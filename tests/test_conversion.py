@@ -338,3 +338,16 @@ def test_every_twin_aggregation_option_is_exact_or_refused(tmp_path):
     assert counts['neither'] == [], counts['neither']
     # Learnable, list, module and kwarg options all counted, none skipped.
     assert counts['exact'] >= 60 and counts['refused'] >= 10, counts
+
+
+@pytest.mark.parametrize('make', [lambda: pyg_nn.SAGEConv(6, 4),
+                                  lambda: pyg_nn.GATConv(6, 4)])
+def test_stock_layer_given_a_dist_graph_names_the_fix(make, graph):
+    # Once a DistGraph exists, a stock layer called with it says to convert
+    # the model, instead of failing deep inside PyG.
+    data, part = graph
+    dist_graph = pyg_sar.DistGraph(part)
+    with pytest.raises(TypeError, match=r"is a stock PyG layer and got a "
+                       r"DistGraph as its graph; convert the model with "
+                       r"pyg_sar.nn.to_distributed\(model\)"):
+        make()(part.x, dist_graph)

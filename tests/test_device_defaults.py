@@ -161,3 +161,31 @@ def test_engine_chunks_follow_the_injected_capacity(injected, tmp_path):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-3,
                                        msg=name)
     assert counts[8 * MiB] > counts[128 * MiB] >= 1
+
+
+def test_importing_the_package_changes_nothing_in_the_process():
+    # No global module hook and no warnings filter on import; the guard
+    # that names to_distributed is installed when a DistGraph is built.
+    import subprocess
+    import sys
+    code = '''
+import sys, warnings, torch
+from torch.nn.modules import module
+callers = []
+def recording(original):
+    def wrapper(*args, **kwargs):
+        callers.append(sys._getframe(1).f_globals.get('__name__', '?'))
+        return original(*args, **kwargs)
+    return wrapper
+warnings.filterwarnings = recording(warnings.filterwarnings)
+warnings.simplefilter = recording(warnings.simplefilter)
+hooks = len(module._global_forward_pre_hooks)
+import pyg_sar, pyg_sar.nn, pyg_sar.graph, pyg_sar.loader, pyg_sar.train
+assert len(module._global_forward_pre_hooks) == hooks, 'a module hook'
+ours = [c for c in callers if c.startswith('pyg_sar')]
+assert not ours, f'warnings filters set on import by {ours}'
+print('clean')
+'''
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and 'clean' in run.stdout, run.stderr

@@ -16,10 +16,6 @@ from pyg_sar.graph.dist_graph import (MODES, DistGraph, check_options,
                                       check_partition_set, explicit_device)
 from pyg_sar.graph.reverse import ReversedGraph
 from pyg_sar.graph.hetero_graph import HeteroDistGraph
-from pyg_sar.graph.guard import install_guard
-
-# A stock layer that meets a DistGraph says to call to_distributed.
-install_guard()
 
 __all__ = ['DistGraph', 'HeteroDistGraph', 'ReversedGraph', 'EdgeBlock',
            'EdgeChunk', 'MODES', 'check_options', 'check_partition_set',

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
+from pyg_sar.graph.guard import install_guard
 from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk, index_dtype
 from pyg_sar.graph.exchange import RowPlan, fetch_rows, push_rows
 from pyg_sar.graph.link import fetch_nodes, global_ids
@@ -146,6 +147,10 @@ class DistGraph:
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
         configure_allocator()  # RSS tracks live tensors (pyg_sar/utils/malloc.py)
+        # From now on a stock layer that meets a DistGraph says to call
+        # to_distributed (graph/guard.py); importing the package hooks
+        # nothing.
+        install_guard()
         warn_if_spinning()  # torch loaded first: pyg_sar/utils/openmp.py
         self.mode = mode
         self.chunk_size = chunk_size

@@ -3,8 +3,9 @@ layer that cannot read it.
 
 A stock PyG ``MessagePassing`` layer called with a ``DistGraph`` where it
 expects ``edge_index`` would fail deep inside PyG ("``propagate`` only
-supports integer tensors..."). Once a ``DistGraph`` exists, a global forward
-pre-hook checks the positional arguments of every ``MessagePassing`` call: a
+supports integer tensors..."). Once a ``DistGraph`` has been built (not on
+import: importing the package installs no hook), a global forward pre-hook
+checks the positional arguments of every ``MessagePassing`` call: a
 layer that does not declare ``accepts_dist_graph`` (``pyg_sar.nn``'s layers
 and adapted stock layers do) raises a ``TypeError`` that says to convert the
 model with :func:`pyg_sar.nn.to_distributed`. The check is one attribute

@@ -18,6 +18,7 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from pyg_sar.graph.guard import install_guard
 from pyg_sar import comm
 from pyg_sar.graph.dist_graph import (DistGraph, check_options,
                                       check_partition_set, explicit_device)
@@ -63,6 +64,7 @@ class HeteroDistGraph(Mapping):
                  chunk_size: Optional[int] = None,
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
+        install_guard()  # (as DistGraph: graph/guard.py)
         self.mode, self.chunk_size = mode, chunk_size
         self.rank, self.world_size = int(part.rank), int(part.num_parts)
         self.node_types: List[str] = list(part.node_types)
