@@ -8,29 +8,6 @@ os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
 import pytest
 
-# Test files of many multi-process runs each (20-190 s apiece on 2 cores):
-# the exactness sweeps across world sizes, modes and models, the examples
-# under torchrun, checkpoint kills and restarts, two-host runs. They carry
-# the ``slow`` mark; ``pytest -m "not slow"`` runs the rest in about 4
-# minutes (the whole suite takes about 20 on 2 cores).
-SLOW_FILES = {
-    'test_sar_exact.py', 'test_hetero_exact.py', 'test_memory_paths.py',
-    'test_zoo_exact.py', 'test_mfg.py', 'test_quickstart.py',
-    'test_engine_behaviour.py', 'test_multinode.py',
-    'test_loader_pyg_call.py', 'test_trust_checkpoint.py',
-    'test_hetero_loader.py', 'test_models_exact.py', 'test_link_exact.py',
-    'test_checkpoint.py', 'test_hetero_zoo_exact.py',
-    'test_zoo_refused_exact.py', 'test_pyg_idioms.py',
-    'test_gps_exact.py', 'test_partition_kaminpar.py',
-    'test_hetero_loader_parity.py', 'test_partition_ondisk.py',
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)
-
 # Real datasets live next to the repository, never inside it.
 SHARED_DATA = os.environ.get(
     'PYG_SAR_SHARED_DATA',

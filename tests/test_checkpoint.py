@@ -21,6 +21,9 @@ from pyg_sar import checkpoint, datasets
 from pyg_sar.comm import find_free_port
 from tests._dist import run_workers
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 # Helpers #####################################################################
 

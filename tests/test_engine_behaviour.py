@@ -9,6 +9,9 @@ import pyg_sar
 from pyg_sar import datasets
 from _dist import run_workers
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope='module')
 def graph_data():

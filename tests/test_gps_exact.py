@@ -17,6 +17,9 @@ import pyg_sar.nn.engine.global_attention as ga
 from _dist import run_workers
 from _graphs import hard_graph
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 C = 8        # channels (heads 2 -> head dim 4)
 CHUNK = 19   # attention blocks of 4 x 4 scores; message-passing chunks
 MODES = ('sar', 'sa', 'one_shot')

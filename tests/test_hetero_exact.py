@@ -22,6 +22,9 @@ from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
 from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, WRITES, WRITTEN,
                      BlockHeteroPart, hard_hetero)
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 RTOL, ATOL = 1e-4, 1e-5
 MODELS = ('hetero_conv', 'hetero_conv_edge_attr', 'to_hetero_sage_sum',
           'to_hetero_sage_mean', 'to_hetero_gat_max', 'hgt')

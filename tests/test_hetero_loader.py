@@ -16,6 +16,9 @@ from tests._dist import run_workers
 from tests._hetero import AUTHOR, CITES, FIELD, HAS, OF, PAPER, WRITES, \
     WRITTEN, hard_hetero
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 # Different per edge type, so that a loader ignoring the dict fails the
 # per-type fanout checks: 0 (no edges of the type), -1 (all of them).
 DICT_FANOUTS = {CITES: [3, 1], WRITES: [2, 0], WRITTEN: [1, 2],

@@ -17,6 +17,9 @@ from tests._hetero import AUTHOR, CITES, PAPER, WRITES, hard_hetero
 from tests.test_hetero_loader import DICT_FANOUTS, _assert_same_batch, \
     _in_partition_ids, _reference, _Replay
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 def _graph():
     data = hard_hetero(seed=3)

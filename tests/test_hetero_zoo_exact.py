@@ -15,6 +15,9 @@ import pyg_sar
 from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
 from _hetero import AUTHOR, FIELD, BlockHeteroPart, hard_hetero
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 RTOL, ATOL = 1e-4, 1e-5
 RUNS = [('sar', None), ('sa', 11), ('one_shot', None), ('sar', 11)]
 R = 5  # relations of hard_hetero

@@ -20,6 +20,9 @@ from pyg_sar import comm, link
 from _dist import run_workers
 from _graphs import hard_graph
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 EPOCHS = 4
 
 

@@ -10,6 +10,9 @@ from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
 from tests.test_loader import _reference
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 FANOUTS = [3, 2]
 
 

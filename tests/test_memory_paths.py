@@ -13,6 +13,9 @@ from pyg_sar.train import GNN
 from _dist import run_workers
 from _graphs import hard_graph
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize('p', [0.1, 0.5, 0.7])
 def test_relu_dropout_equals_the_stock_pair_for_its_mask(p):

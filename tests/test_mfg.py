@@ -10,6 +10,9 @@ from pyg_sar import nn as dnn
 from _dist import run_workers
 from _graphs import hard_graph
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 LAYERS = {
     'sage': lambda i, o: dnn.SAGEConv(i, o),
     'sage_max': lambda i, o: dnn.SAGEConv(i, o, aggr='max'),

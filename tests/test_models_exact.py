@@ -21,6 +21,9 @@ from _dist import run_workers
 from _graphs import hard_graph
 from test_zoo_exact import assert_close
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 # (mode, chunk_size): whole partitions, and many whole-neighborhood chunks.
 CONFIGS = (('sar', None), ('one_shot', None), ('sar', 19))
 HIDDEN, OUT = 8, 4

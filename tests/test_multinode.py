@@ -23,6 +23,9 @@ import pyg_sar
 from pyg_sar import datasets
 from pyg_sar.comm import find_free_port
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 PID = os.getpid()
 NS = (f'pgsar{PID}a', f'pgsar{PID}b')     # network namespaces
 IFACE = (f'pgs{PID}a', f'pgs{PID}b')       # veth ends (<= 15 characters)

@@ -21,6 +21,9 @@ from pyg_sar.partition.symmetric import (CsrView, symmetric_csr,
                                          write_parhip)
 from _graphs import hard_graph
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 kaminpar = pytest.importorskip('kaminpar')
 
 

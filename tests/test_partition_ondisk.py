@@ -22,6 +22,9 @@ from pyg_sar.partition.ondisk import (GraphOnDisk, save_graph,
                                      write_synthetic_graph)
 from pyg_sar.partition.stream_save import StreamedSave
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 def _digests(root):
     r"""sha256 of every file of a partition but the manifest (which holds

@@ -27,6 +27,9 @@ from _dist import run_workers
 from _graphs import hard_graph
 from _hetero import hard_hetero
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 # gcn2_cora.py, its model verbatim (dropout 0: masks are per worker) #########
 

@@ -17,6 +17,9 @@ import torch
 from conftest import SHARED_DATA
 from pyg_sar.comm import find_free_port
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 EXAMPLES = osp.join(REPO, 'examples')
 

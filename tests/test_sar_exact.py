@@ -18,6 +18,9 @@ from pyg_sar import datasets
 from pyg_sar.nn import DistMessagePassing
 from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 RTOL, ATOL = 1e-4, 1e-5
 MODES = ('sar', 'sa', 'one_shot')
 # Small enough to cut every block into several chunks.

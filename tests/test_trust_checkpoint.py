@@ -26,6 +26,9 @@ import pyg_sar
 from pyg_sar import checkpoint, datasets
 from pyg_sar.comm import find_free_port
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 
 # Helpers #####################################################################
 

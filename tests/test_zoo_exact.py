@@ -20,6 +20,9 @@ from pyg_sar.nn import DistMessagePassing
 from _dist import run_workers
 from _graphs import hard_graph
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 MODES = ('sar', 'sa', 'one_shot')
 CHUNK = 19  # cuts the local edges into many whole-neighborhood chunks
 C = 6       # input channels

@@ -23,6 +23,9 @@ from _dist import run_workers
 from _graphs import hard_graph
 from test_zoo_exact import C, CHUNK, MODES, assert_close, mlp, probe
 
+# Many multi-process runs: deselect with -m "not slow".
+pytestmark = pytest.mark.slow
+
 # Call styles: 'x' conv(x, g), 'a' with edge_attr, 'layers' x as a
 # [N, 2, C] layer history, 'layers_w' that and edge_weight.
 ZOO = {
