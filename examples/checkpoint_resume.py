@@ -9,12 +9,13 @@ it resumes from the newest valid checkpoint; with ``torchrun
 weights, optimizer state and random numbers (dropout masks) of a run that
 never stopped. ``ckpt`` must be visible to every worker.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import os.path as osp
 
 import torch
 from torch_geometric.nn import GraphSAGE
 
-import pyg_sar
 from cora_workers import argument_parser, load_shard
 from pyg_sar import comm
 from pyg_sar.train import distributed_loss

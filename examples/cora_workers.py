@@ -4,6 +4,8 @@ worker's shard, and the full-batch training loop.
 Not an example itself; ``full_batch_sage_cora.py``, ``full_batch_gat.py`` and
 ``stock_pyg_to_distributed.py`` import it (it sits next to them).
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import argparse
 import os.path as osp
 import time
@@ -13,7 +15,6 @@ from typing import Dict
 import torch
 from torch import Tensor
 
-import pyg_sar
 from pyg_sar import comm
 from pyg_sar.train import distributed_loss, evaluate
 

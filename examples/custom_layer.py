@@ -13,11 +13,12 @@ training, rank 0 loads the weights into the stock ``GatedConv`` model and
 checks, on the whole graph in one process, that it predicts what the
 distributed model predicted.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import torch
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-import pyg_sar
 from cora_workers import argument_parser, load_shard, train
 from pyg_sar import comm
 from pyg_sar.nn import DistMessagePassing

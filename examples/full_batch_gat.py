@@ -11,6 +11,8 @@ online across the blocks of edges from every worker (a running max and sum
 per node and head), so no ``[E, heads]`` attention matrix is kept; with
 ``--chunk-size`` the edges are also processed in chunks.
 """
+import pyg_sar  # noqa: F401  (first: its OpenMP policy must precede torch)
+
 import torch
 import torch.nn.functional as F
 

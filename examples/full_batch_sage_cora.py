@@ -9,6 +9,8 @@ ranks wait at a barrier. Every worker then trains on its own part: the
 2-layer SAGE model is written with ``pyg_sar.nn.SAGEConv``, whose
 ``forward(x, graph)`` exchanges halo features with the other workers.
 """
+import pyg_sar  # noqa: F401  (first: its OpenMP policy must precede torch)
+
 import torch
 import torch.nn.functional as F
 

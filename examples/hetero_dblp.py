@@ -24,6 +24,8 @@ single-process step. ``--compare`` then trains the stock model on one process
 (rank 0) from the same initial weights and prints both runs side by side.
 No dropout: the single-process run could not draw the same masks.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import argparse
 import copy
 import os.path as osp
@@ -33,7 +35,6 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 
-import pyg_sar
 from pyg_sar import comm
 
 LABELLED = 'author'

@@ -11,10 +11,11 @@ aggregates only them. The rows the loss reads, and every gradient, equal the
 full computation (checked below before training); the other rows of ``out``
 are not computed and must not be read. Evaluation runs on the full graph.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import torch
 from torch_geometric.nn import GraphSAGE
 
-import pyg_sar
 from cora_workers import argument_parser, load_shard
 from pyg_sar import comm
 from pyg_sar.train import distributed_loss, evaluate

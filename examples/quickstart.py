@@ -5,13 +5,14 @@
 ``--root`` is a writable folder: Cora is read from ``ROOT/Cora`` (PyG
 downloads it there when absent) and partitioned into ``ROOT/parts``.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import argparse
 import os.path as osp
 
 import torch
 from torch_geometric.nn import GraphSAGE
 
-import pyg_sar
 from pyg_sar import comm
 from pyg_sar.train import distributed_loss, evaluate
 

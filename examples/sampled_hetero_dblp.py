@@ -17,6 +17,8 @@ partition yet; the other ranks wait at a barrier. Conferences have no
 features in DBLP: they get a constant one. Without torchrun it runs as one
 process.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import argparse
 import os.path as osp
 import time
@@ -25,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn import SAGEConv, to_hetero
 
-import pyg_sar
 from pyg_sar import comm
 from pyg_sar.loader import DistNeighborLoader
 

@@ -13,6 +13,8 @@ Rank 0 partitions the dataset into ``--parts`` (default
 ``<root>/parts/<dataset>-<N>``) when that folder holds no partition yet; the
 other ranks wait at a barrier. Without torchrun it runs as one process.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import argparse
 import copy
 import os.path as osp
@@ -22,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn import SAGEConv
 
-import pyg_sar
 from pyg_sar import comm
 from pyg_sar.loader import DistNeighborLoader
 from pyg_sar.nn import to_distributed

@@ -13,11 +13,12 @@
    ``Net`` on rank 0, which evaluates single-process on the whole graph: its
    predictions are those of the distributed model, node for node.
 """
+import pyg_sar  # first: its OpenMP policy must be set before torch loads
+
 import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, SAGEConv
 
-import pyg_sar
 from cora_workers import argument_parser, load_shard, train
 from pyg_sar import comm
 from pyg_sar.nn import to_distributed

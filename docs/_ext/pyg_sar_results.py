@@ -184,7 +184,38 @@ class Scaling(SphinxDirective):
                                      source=path)
 
 
+class TestCount(SphinxDirective):
+    """``.. pyg-sar-test-count::``: how many tests the suite has and how
+    many are quick (not marked ``slow``), counted by pytest's own
+    collection when the docs are built."""
+
+    def run(self):
+        import re
+        import subprocess
+        import sys
+        root = os.path.dirname(os.path.dirname(RESULTS))
+        counts = []
+        for extra in ([], ['-m', 'not slow']):
+            run = subprocess.run(
+                [sys.executable, '-m', 'pytest', '--collect-only', '-q',
+                 '-p', 'no:cacheprovider', 'tests'] + extra, cwd=root,
+                capture_output=True, text=True, timeout=300)
+            match = re.search(r'(\d+)(?:/\d+)? tests? collected',
+                              run.stdout)
+            if match is None:
+                raise ExtensionError(f"pyg-sar-test-count: pytest collected "
+                                     f"nothing: {run.stdout[-300:]}"
+                                     f"{run.stderr[-300:]}")
+            counts.append(int(match.group(1)))
+        lines = [f'The suite has **{counts[0]} tests**, {counts[1]} of them '
+                 f'quick (not marked ``slow``); counted by pytest when '
+                 f'this page was built.', '']
+        return nested_parse_to_nodes(self.state, StringList(lines),
+                                     source='tests')
+
+
 def setup(app: Sphinx) -> Dict[str, Any]:
+    app.add_directive('pyg-sar-test-count', TestCount)
     app.add_directive('pyg-sar-device-check', DeviceCheck)
     app.add_directive('pyg-sar-scaling', Scaling)
     return {'parallel_read_safe': True}
