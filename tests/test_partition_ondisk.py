@@ -103,7 +103,15 @@ def test_on_disk_equals_in_memory(tmp_path, method):
     graph_store = LocalGraphStore.from_partition(str(tmp_path / 'disk'), 2)
     feature_store = LocalFeatureStore.from_partition(str(tmp_path / 'disk'),
                                                      2)
-    assert graph_store is not None and feature_store is not None
+    # PyG's own distributed stores read the part written from disk.
+    assert graph_store.num_partitions == 3
+    assert torch.equal(graph_store.node_pb, feature_store.node_feat_pb)
+    mine = load_partition(tmp_path / 'disk', 2)
+    ids = feature_store.get_global_id(None)
+    assert torch.equal(ids, mine.node_ids)
+    x = feature_store.get_tensor_from_global_id(group_name=None,
+                                                attr_name='x', index=ids)
+    assert torch.equal(x, mine.x) and torch.equal(x, data.x[mine.orig_ids])
 
 
 def _parallel_writer(rank, world_size, graph_dir, out_dir, kwargs):
