@@ -1,7 +1,7 @@
 """Full-batch training: per-worker memory and epoch time of pyg_sar's Python
 API at N = 1, 2, 4 workers, stock PyG, and the analytic activation floor.
 
-Models (issue #11): GraphSAGE (mean; 3 layers, hidden 256) on
+Models: GraphSAGE (mean; 3 layers, hidden 256) on
 ``synthetic_graph(200000, 20, 128, 16, seed=0)`` (4.1M edges) and GAT
 (3 layers, 4 heads x 32) on the same generator at 100k nodes. pyg_sar
 trains exactly as the README's snippet does (``full_batch_worker.py``);
@@ -23,11 +23,8 @@ set for any of them.
         # partitions without cutting an edge: N workers exchange nothing
 
 The exchange-free bound separates what N workers pay for the halo exchange
-from what they pay for sharing the machine's cores. On 2 cores (issue #11,
-tenth round), four single-threaded workers with nothing to exchange took
-0.86-1.01x the epoch of one two-threaded worker for GAT and 0.84-0.95x for
-SAGE: the room the time target "N=4 no slower than N=1" leaves the
-exchange.
+from what they pay for sharing the machine's cores (docs/benchmarks.rst has
+the measured bound).
 
 Per worker: peak RSS from after loading to the end of training over the RSS
 after loading (worst worker), the index state of the DistGraph, the worst

@@ -1,5 +1,4 @@
-"""Time, peak memory and quality of the partitioning paths at scale
-(issue #27).
+"""Time, peak memory and quality of the partitioning paths at scale.
 
 Every size is generated once to a graph directory
 (:mod:`pyg_sar.partition.ondisk`) by a separate process:

@@ -1,4 +1,4 @@
-"""The fixed cost per propagation: deep and small models (issue #29).
+"""The fixed cost per propagation: deep and small models.
 
 On a small graph (Cora: 2,708 nodes, 10,556 edges) an epoch is mostly
 per-layer fixed cost: the halo exchange, the engine's planning, Python.

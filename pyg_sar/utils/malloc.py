@@ -16,15 +16,12 @@ turns off the dynamic adjustment: node- and edge-sized temporaries then go
 back to the OS when freed, while small per-chunk temporaries (an attention
 chunk's ``[edges, heads]`` scores are 1 MiB) are reused from the heap. The
 threshold is absolute while node-sized blocks shrink with the worker count:
-at 4 MiB, a worker of a 4-way GAT run (25k nodes) served its 3 MiB
-per-head rows from the heap, whose holes held 10 MiB more at the peak than
-the same run at 2 MiB, while one worker on the whole graph mapped those
-blocks and gave them back (issue #11). A per-chunk buffer above it is
-mapped and faulted in anew on every use, so the engine builds none (the
-attention backward adds each chunk's per-head products in place into its
-gradient): when it allocated one per chunk and head, GAT's epoch at 100k
-nodes took 10.7 s under a 4 MiB threshold instead of 5.6 s. It also caps the
-heap arenas at 4. :class:`pyg_sar.DistGraph` and
+a higher one serves a many-worker run's node-sized blocks from the heap,
+whose holes then raise its peak, while one worker on the whole graph maps
+the same blocks and gives them back. A per-chunk buffer above it is mapped
+and faulted in anew on every use, so the engine builds none (the attention
+backward adds each chunk's per-head products in place into its gradient).
+It also caps the heap arenas at 4. :class:`pyg_sar.DistGraph` and
 :func:`pyg_sar.init_distributed` call it once per process, so no environment
 variable (``MALLOC_MMAP_THRESHOLD_``) is needed; the DistGraph also returns
 its set-up temporaries to the OS (:func:`release_free_memory`). A process

@@ -30,8 +30,8 @@ class SAGEConv(DistMessagePassing):
     # Opt-in (pyg_sar.train.GNN sets it): where the layer does not widen its
     # input, aggregate lin_l(x) instead of applying lin_l to the aggregate.
     # Fewer columns are exchanged and multiplied, and no node-sized
-    # aggregate is kept for backward (e.g. 195 MiB per layer for 200k nodes
-    # x 256). Off by default: PyG's order, and its exchange of x itself.
+    # aggregate is kept for backward. Off by default: PyG's order, and its
+    # exchange of x itself.
     transform_first = False
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]],
