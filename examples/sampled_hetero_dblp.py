@@ -42,11 +42,14 @@ class GraphSAGE(torch.nn.Module):
         super().__init__()
         self.conv1 = SAGEConv((-1, -1), hidden_channels)
         self.conv2 = SAGEConv((-1, -1), out_channels)
-        self.dropout = dropout
+        # A module, not F.dropout(training=self.training): to_hetero traces
+        # forward once, and a traced self.training stays what it was then
+        # (True), so model.eval() would not switch the dropout off.
+        self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, x, edge_index):
         x = F.relu(self.conv1(x, edge_index))
-        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = self.drop(x)
         return self.conv2(x, edge_index)
 
 
