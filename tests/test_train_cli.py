@@ -30,3 +30,24 @@ def test_train_job_runs_under_torchrun_and_learns(tmp_path):
     assert epochs[-1]['loss'] < epochs[0]['loss']
     # Four balanced classes: chance is 0.25.
     assert epochs[-1]['test_acc'] > 0.5
+
+
+def test_log_file_has_no_progress_bar(tmp_path):
+    # The progress bar is on by default; into a file (not a terminal) the
+    # job writes its epoch lines without the bar's carriage returns.
+    data = datasets.synthetic_graph(500, 5, 8, 3, seed=1)
+    parts = str(tmp_path / 'parts')
+    pyg_sar.partition_graph(data, 2, parts)
+    log = tmp_path / 'train.log'
+    command = [
+        sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node',
+        '2', '--master-port', str(find_free_port()), '-m', 'pyg_sar.cli',
+        'train', '--parts', parts, '--layers', '2', '--hidden', '8',
+        '--epochs', '3', '--timeout', '60']
+    with open(log, 'w') as f:
+        result = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=300)
+    raw = log.read_bytes()  # (read_text would turn \r into \n)
+    assert result.returncode == 0, raw.decode()
+    assert b'epoch' in raw and b'final:' in raw
+    assert b'\r' not in raw

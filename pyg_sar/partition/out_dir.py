@@ -90,8 +90,9 @@ def _write_atomically(
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_dir, 0o777 & ~umask)
-        with tqdm(total=num_steps, disable=not progress, desc='partition',
-                  unit='step') as bar:
+        # disable=None: no bar where stderr is not a terminal (a log file).
+        with tqdm(total=num_steps, disable=None if progress else True,
+                  desc='partition', unit='step') as bar:
             manifest = write(tmp_dir, bar)
         hash_start = time.perf_counter()
         manifest['files'] = hash_tree(tmp_dir, exclude=(MANIFEST_FILE, ))

@@ -15,6 +15,7 @@ import math
 import os
 import os.path as osp
 import random
+import sys
 import time
 from datetime import timedelta
 from typing import Dict, List, Optional
@@ -291,10 +292,11 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     run_log = None
     if log_dir is not None:
         run_log = RunLog(log_dir, start_epoch)
-    # Rank 0 prints one line per epoch; ``progress`` adds the bar under them.
+    # Rank 0 prints one line per epoch; ``progress`` adds the bar under them
+    # on a terminal (never in a log file: no carriage returns there).
     show = rank == 0
     bar = None
-    if show and progress:
+    if show and progress and sys.stderr.isatty():
         from tqdm import tqdm
         bar = tqdm(total=epochs, initial=min(start_epoch, epochs),
                    desc=f'{model} x{world_size} {mode}', unit='epoch')
