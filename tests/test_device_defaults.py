@@ -60,6 +60,7 @@ def test_init_distributed_shares_one_gpu_over_gloo(monkeypatch):
                         lambda backend, **kw: calls.setdefault('backend',
                                                                backend))
     monkeypatch.setattr(pg, '_destroy_groups_at_exit', lambda: None)
+    monkeypatch.setattr(pg, '_AFTER_INIT', [])
     for key, value in dict(RANK='3', WORLD_SIZE='4', LOCAL_RANK='3',
                            LOCAL_WORLD_SIZE='4', MASTER_ADDR='127.0.0.1',
                            MASTER_PORT='1').items():

@@ -185,3 +185,12 @@ def test_public_names_stay_where_users_import_them():
     from pyg_sar.train import distributed_loss, evaluate  # noqa: F401
     for name in pyg_sar.__all__:
         assert getattr(pyg_sar, name) is not None, name
+
+
+def test_every_convolution_is_public_in_pyg_sar_nn():
+    import pyg_sar.nn
+    import pyg_sar.nn.conv
+    missing = sorted(set(pyg_sar.nn.conv.__all__) - set(pyg_sar.nn.__all__))
+    assert not missing, f'pyg_sar.nn.__all__ lacks {missing}'
+    for name in pyg_sar.nn.conv.__all__:
+        assert getattr(pyg_sar.nn, name) is getattr(pyg_sar.nn.conv, name)

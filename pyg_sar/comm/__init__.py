@@ -14,6 +14,8 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
   :func:`config` and the counters of :func:`comm_stats`.
 - :mod:`~pyg_sar.comm.errors`: :class:`PeerError`,
   :class:`SettingsMismatchError` and the timed wait.
+- :mod:`~pyg_sar.comm.launcher`: what torchrun reports when a worker
+  fails (the failing rank first).
 - :mod:`~pyg_sar.comm.process_group`: :func:`init_distributed`,
   :func:`get_rank`, :func:`get_world_size`, :func:`find_free_port`; the
   groups are destroyed at interpreter exit when :func:`shutdown` was not
@@ -37,8 +39,8 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 - :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
   :func:`load_replicated`, :func:`replicated_specs`.
 """
-from pyg_sar.comm import (channels, checkpoint_io, collectives, errors, p2p,
-                          process_group, state)
+from pyg_sar.comm import (channels, checkpoint_io, collectives, errors,
+                          launcher, p2p, process_group, state)
 from pyg_sar.comm.agreement import agree
 from pyg_sar.comm.buffers import reusing_buffers
 from pyg_sar.comm.channels import ensure_channels, on_channel

@@ -24,10 +24,12 @@ import traceback
 from typing import Optional
 
 from pyg_sar.comm.errors import PeerError, report_failure
+from pyg_sar.comm.process_group import after_init
 
 _INSTALLED = {'hook': None}
 
 
+@after_init
 def install_failure_hook() -> None:
     """Records this worker's uncaught error for the launcher and its peers
     (once per process; the previous ``sys.excepthook`` still runs)."""

@@ -85,10 +85,21 @@ def init_distributed(
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timeout, store=_restart_store(timeout))
     _destroy_groups_at_exit()
-    # An uncaught error of this worker is what torchrun names first.
-    from pyg_sar.comm.launcher import install_failure_hook
-    install_failure_hook()
+    for joined in _AFTER_INIT:  # (pyg_sar.comm.launcher's failure hook)
+        joined()
     return rank, world_size
+
+
+# What runs once this worker has joined a process group: registered by the
+# modules that need it (comm/launcher.py), so this one imports none of them.
+_AFTER_INIT: List[Callable[[], None]] = []
+
+
+def after_init(hook: Callable[[], None]) -> Callable[[], None]:
+    """Registers ``hook`` to run when :func:`init_distributed` has joined
+    a process group."""
+    _AFTER_INIT.append(hook)
+    return hook
 
 
 def device_type(device: Optional[str]) -> str:

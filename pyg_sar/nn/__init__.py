@@ -24,7 +24,9 @@ from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.conv.hetero_conv import HeteroConv
 from pyg_sar.nn.conv.hgt_conv import HGTConv
 from pyg_sar.nn.conv.gps_conv import GPSConv
-from pyg_sar.nn.conv import HANConv, HEATConv, RGATConv
+from pyg_sar.nn.conv import (AntiSymmetricConv, ChebConv, DNAConv, EGConv,
+                             HANConv, HEATConv, PDNConv, RGATConv, SignedConv,
+                             SuperGATConv, WLConv)
 from pyg_sar.nn.convert import convertible, to_distributed
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
     'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv', 'RGCNConv',
     'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
-    'HANConv', 'HEATConv', 'RGATConv',
+    'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
+    'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv', 'WLConv',
     'to_distributed', 'convertible'
 ]
