@@ -22,6 +22,7 @@ peers send.
 
 Layout, one concern per module:
 
+* :mod:`.spec`: what one propagation is (the plan's fields);
 * :mod:`.plan`: argument classification and plan building (:func:`propagate`);
 * :mod:`.function`: :class:`SARFunction` and the runner's core (forward and
   backward dispatch, chunking, the backward of general messages);

@@ -16,7 +16,7 @@ Backward, per mode: ``"sar"`` re-fetches each block and recomputes it,
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -32,9 +32,8 @@ from pyg_sar.nn.engine.messages import MessageMixin
 from pyg_sar.nn.engine.reduce import ReduceMixin, _per_row
 from pyg_sar.nn.engine.ring import RingMixin
 from pyg_sar.nn.engine.sparse import SparseMixin
+from pyg_sar.nn.engine.spec import Plan as _Plan
 
-if TYPE_CHECKING:
-    from pyg_sar.nn.engine.plan import _Plan
 
 
 class SARFunction(torch.autograd.Function):

@@ -10,7 +10,6 @@ of its differentiable inputs to :class:`SARFunction`.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -18,18 +17,10 @@ from torch import Tensor
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn.engine.function import SARFunction, compute_dtype
+from pyg_sar.nn.engine.spec import Plan as _Plan, Signature as _Signature
 
 SUPPORTED_AGGRS = ('sum', 'mean', 'max', 'min')
 _SPECIAL_ARGS = ('index', 'dim_size', 'size_i', 'ptr')
-
-
-@dataclass
-class _Signature:
-    """Which arguments a layer's message (and attention score) reads."""
-    j_names: List[str]                 # ``x`` for an argument ``x_j``
-    i_names: List[str]
-    params: Dict[str, List[str]]       # method name -> its parameter names
-    defaults: Dict[str, Any]
 
 
 _SIGNATURES: Dict[type, _Signature] = {}
@@ -60,31 +51,6 @@ def _signature(module) -> _Signature:
                             f" nothing would flow along the edges")
         _SIGNATURES[cls] = _Signature(j_names, i_names, params, defaults)
     return _SIGNATURES[cls]
-
-
-@dataclass
-class _Plan:
-    """Everything one propagation needs besides its differentiable inputs,
-    which the Function receives as a flat list and the plan names by slot."""
-    module: Any
-    graph: DistGraph
-    aggr: str
-    sig: _Signature
-    src_slots: Dict[str, int]
-    dst_slots: Dict[str, int]
-    edge_slots: Dict[str, int]
-    param_slots: List[int]
-    constants: Dict[str, Any]
-    kind: str = 'general'          # 'general' | 'linear' | 'spmm' | 'attention'
-    linear_weight: Optional[Tensor] = None
-    # Attention whose values are the rows of this source tensor, unchanged:
-    # aggregated with one sparse product per head, never gathered per edge.
-    value_source: Optional[str] = None
-    dropout: float = 0.0
-    seed: int = 0
-    # The spmm kind's output buffer, when the caller passed ``add_to``: the
-    # aggregate is added into it in place (the Function marks it dirty).
-    init_slot: Optional[int] = None
 
 
 def _classify_aggr(module) -> str:

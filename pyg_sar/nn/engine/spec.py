@@ -1,0 +1,46 @@
+"""What one propagation is: the arguments a layer's message reads
+(:class:`Signature`) and everything the engine needs besides the
+differentiable inputs (:class:`Plan`). Built by :mod:`.plan`, run by
+:mod:`.function`; this module imports neither."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from torch import Tensor
+
+from pyg_sar.graph import DistGraph
+
+
+@dataclass
+class Signature:
+    """Which arguments a layer's message (and attention score) reads."""
+    j_names: List[str]                 # ``x`` for an argument ``x_j``
+    i_names: List[str]
+    params: Dict[str, List[str]]       # method name -> its parameter names
+    defaults: Dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """Everything one propagation needs besides its differentiable inputs,
+    which the Function receives as a flat list and the plan names by slot."""
+    module: Any
+    graph: DistGraph
+    aggr: str
+    sig: Signature
+    src_slots: Dict[str, int]
+    dst_slots: Dict[str, int]
+    edge_slots: Dict[str, int]
+    param_slots: List[int]
+    constants: Dict[str, Any]
+    kind: str = 'general'          # 'general' | 'linear' | 'spmm' | 'attention'
+    linear_weight: Optional[Tensor] = None
+    # Attention whose values are the rows of this source tensor, unchanged:
+    # aggregated with one sparse product per head, never gathered per edge.
+    value_source: Optional[str] = None
+    dropout: float = 0.0
+    seed: int = 0
+    # The spmm kind's output buffer, when the caller passed ``add_to``: the
+    # aggregate is added into it in place (the Function marks it dirty).
+    init_slot: Optional[int] = None
