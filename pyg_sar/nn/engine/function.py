@@ -35,7 +35,6 @@ from pyg_sar.nn.engine.sparse import SparseMixin
 from pyg_sar.nn.engine.spec import Plan as _Plan
 
 
-
 class SARFunction(torch.autograd.Function):
     """Forward and backward of one propagation, for every mode and layer.
 
