@@ -137,6 +137,18 @@ def test_reference_documents_every_public_name(site):
     assert not missing, f'not in the package reference: {missing}'
 
 
+def test_dist_graph_page_shows_the_user_api_only(site):
+    """The DistGraph entry documents what users call; the methods the
+    package uses internally (``DistGraph._doc_internal``) are only named."""
+    from pyg_sar.graph import DistGraph
+    html, _ = site
+    ids = _parse(osp.join(html, 'reference', 'graph.html')).ids
+    for name in ('to', 'fetch_nodes', 'reverse', 'layer_wise'):
+        assert f'pyg_sar.graph.DistGraph.{name}' in ids, name
+    for name in DistGraph._doc_internal:
+        assert f'pyg_sar.graph.DistGraph.{name}' not in ids, name
+
+
 def test_cheatsheet_lists_every_conv_and_norm(site):
     import torch_geometric.nn.conv as conv
     import torch_geometric.nn.norm as norm

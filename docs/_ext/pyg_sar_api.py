@@ -164,6 +164,15 @@ class ApiDirective(SphinxDirective):
             lines = [f'.. autoclass:: {name}', '   :members:']
             if obj.__bases__ != (object, ):
                 lines.append('   :show-inheritance:')
+            # A class's ``_doc_internal`` methods serve the package itself:
+            # named in one line, not documented as the user's API.
+            internal = [m for m in getattr(obj, '_doc_internal', ())
+                        if m in vars(obj)]
+            if internal:
+                lines.append(f"   :exclude-members: {', '.join(internal)}")
+                lines += ['', '   Internals of the package, not part of the '
+                          'user API: ' + ', '.join(f'``{m}``'
+                                                  for m in internal) + '.']
         elif callable(obj):
             lines = [f'.. autofunction:: {name}']
         else:

@@ -115,6 +115,13 @@ class DistGraph:
 
     # What pyg_sar/graph/guard.py looks for in a stock layer's arguments.
     is_dist_graph = True
+    # Methods the engine, the views and the loaders use: left out of the
+    # user reference (docs/_ext/pyg_sar_api.py lists them apart).
+    _doc_internal = ('register_kind', 'shallow_view', 'relation',
+                     'local_block', 'remote_block', 'merged_block',
+                     'source_values', 'post_row_exchange',
+                     'global_in_degree_of_sources', 'kept_base_edges',
+                     'expand_edge_values', 'num_ext_nodes', 'halo_plan')
 
     # Graph kinds built on this class by later modules of this package (the
     # transposed graph, the heterogeneous graph): they subclass or wrap
