@@ -51,6 +51,9 @@ import torch
 import torch.nn.functional as F
 
 HERE = osp.dirname(osp.abspath(__file__))
+sys.path.insert(0, HERE)
+from _common import add_internal_args, reset_hwm, status_mib  # noqa: E402
+
 ROOT = osp.dirname(HERE)
 NUM_FEATURES, NUM_CLASSES, DEGREE, RELATIONS = 128, 16, 20, 4
 SECTIONS = ('layers', 'profile', 'autocast', 'budget', 'sharing', 'cpu',
@@ -168,36 +171,21 @@ class Meter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
         else:
-            try:
-                with open('/proc/self/clear_refs', 'w') as f:
-                    f.write('5')
-            except OSError:
-                pass
-            self.base = _status_bytes('VmRSS')
+            reset_hwm()
+            self.base = status_mib('VmRSS')
 
     def peak_mib(self) -> Optional[float]:
         if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
             return (torch.cuda.max_memory_allocated(self.device) -
                     self.base) / 2**20
-        peak = _status_bytes('VmHWM')
+        peak = status_mib('VmHWM')
         return None if peak is None or self.base is None else \
-            (peak - self.base) / 2**20
+            peak - self.base
 
     def sync(self) -> None:
         if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
-
-
-def _status_bytes(key: str) -> Optional[int]:
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith(key + ':'):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def train_epochs(model, inputs: tuple, y, mask, epochs: int, meter: Meter,
@@ -480,7 +468,7 @@ def worker(args) -> None:
     """One torchrun worker (``--worker``): ``--impl sar`` trains the model
     on its part with ``init_distributed``'s own choice of backend; ``--impl
     pyg`` is stock PyG in this one process."""
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(int(args.threads))
     device = torch.device(args.device)
     result: Dict[str, Any] = {}
     if args.impl == 'pyg':
@@ -1021,12 +1009,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--out', default=osp.join(HERE, 'results'))
     p.add_argument('--name', default=None)
     # A worker's own flags (set by launch()).
-    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
-    p.add_argument('--impl', help=argparse.SUPPRESS)
-    p.add_argument('--model', help=argparse.SUPPRESS)
-    p.add_argument('--threads', type=int, help=argparse.SUPPRESS)
-    p.add_argument('--parts', help=argparse.SUPPRESS)
-    p.add_argument('--result', help=argparse.SUPPRESS)
+    add_internal_args(p, '--model', '--threads')
     return p.parse_args(argv)
 
 
