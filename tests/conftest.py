@@ -27,3 +27,16 @@ def shared_data_root(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp('shared_data') / 'data'
     shutil.copytree(source, root)
     return str(root)
+
+
+@pytest.fixture(scope='module')
+def hard_part(tmp_path_factory):
+    r"""``(data, part)``: :func:`_graphs.hard_graph` (directed, self loops,
+    duplicate edges, isolated nodes) partitioned into one part, for tests
+    that need a :class:`~pyg_sar.DistGraph` without a process group."""
+    import pyg_sar
+    from _graphs import hard_graph
+    data = hard_graph()
+    root = str(tmp_path_factory.mktemp('parts'))
+    pyg_sar.partition_graph(data, 1, root)
+    return data, pyg_sar.load_partition(root, 0)

@@ -70,22 +70,13 @@ def test_node_mixing_module_without_distributed_version_is_refused():
         to_distributed(model)
 
 
-@pytest.fixture(scope='module')
-def graph(tmp_path_factory):
-    data = hard_graph()
-    root = str(tmp_path_factory.mktemp('parts'))
-    pyg_sar.partition_graph(data, 1, root)
-    part = pyg_sar.load_partition(root, 0)
-    return data, part
-
-
 @pytest.mark.parametrize('make', [
     lambda: pyg_nn.SAGEConv(6, 4),                     # engine twin
     lambda: pyg_nn.TransformerConv(6, 2, heads=2),     # adapted
     lambda: pyg_nn.GENConv(6, 4),                      # adapted + norm inside
 ])
-def test_conversion_keeps_dtype_frozen_params_and_state(make, graph):
-    data, part = graph
+def test_conversion_keeps_dtype_frozen_params_and_state(make, hard_part):
+    data, part = hard_part
     stock = make().double().eval()
     frozen = next(iter(stock.parameters()))
     frozen.requires_grad_(False)
@@ -103,8 +94,8 @@ def test_conversion_keeps_dtype_frozen_params_and_state(make, graph):
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
-def test_second_backward_is_a_clear_error(graph):
-    _, part = graph
+def test_second_backward_is_a_clear_error(hard_part):
+    _, part = hard_part
     conv = to_distributed(pyg_nn.SAGEConv(6, 4))
     out = conv(part.x.requires_grad_(), pyg_sar.DistGraph(part))
     out.sum().backward(retain_graph=True)
@@ -112,8 +103,8 @@ def test_second_backward_is_a_clear_error(graph):
         out.sum().backward()
 
 
-def test_size_other_than_the_local_graph_is_refused(graph):
-    _, part = graph
+def test_size_other_than_the_local_graph_is_refused(hard_part):
+    _, part = hard_part
 
     class Sized(DistMessagePassing):
         def forward(self, x, g):
@@ -123,8 +114,8 @@ def test_size_other_than_the_local_graph_is_refused(graph):
         Sized()(part.x, pyg_sar.DistGraph(part))
 
 
-def test_half_precision(graph):
-    data, part = graph
+def test_half_precision(hard_part):
+    data, part = hard_part
     torch.manual_seed(0)
     stock = pyg_nn.SAGEConv(6, 4).to(torch.bfloat16)
     dist = to_distributed(copy.deepcopy(stock))
@@ -146,10 +137,10 @@ def test_half_precision(graph):
                                atol=3e-2)
 
 
-def test_attention_score_reading_index_is_refused(graph):
+def test_attention_score_reading_index_is_refused(hard_part):
     """An engine attention layer cannot see whole neighborhoods in its
     edge_score: PyG's softmax there would normalize per chunk. Refused."""
-    _, part = graph
+    _, part = hard_part
 
     class ScoreWithIndex(DistMessagePassing):
         attention = True
@@ -348,10 +339,10 @@ def test_every_twin_aggregation_option_is_exact_or_refused(tmp_path):
 
 @pytest.mark.parametrize('make', [lambda: pyg_nn.SAGEConv(6, 4),
                                   lambda: pyg_nn.GATConv(6, 4)])
-def test_stock_layer_given_a_dist_graph_names_the_fix(make, graph):
+def test_stock_layer_given_a_dist_graph_names_the_fix(make, hard_part):
     # Once a DistGraph exists, a stock layer called with it says to convert
     # the model, instead of failing deep inside PyG.
-    data, part = graph
+    data, part = hard_part
     dist_graph = pyg_sar.DistGraph(part)
     with pytest.raises(TypeError, match=r"is a stock PyG layer and got a "
                        r"DistGraph as its graph; convert the model with "

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import pyg_sar
-from _graphs import hard_graph
 from _hetero import hard_hetero
 
 EXAMPLES = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
@@ -31,11 +30,8 @@ def example(name):
 
 
 @pytest.fixture(scope='module')
-def homogeneous(tmp_path_factory):
-    data = hard_graph()
-    root = str(tmp_path_factory.mktemp('parts'))
-    pyg_sar.partition_graph(data, 1, root)
-    part = pyg_sar.load_partition(root, 0)
+def homogeneous(hard_part):
+    data, part = hard_part
     return data, part, pyg_sar.DistGraph(part)
 
 

@@ -8,19 +8,24 @@ from pyg_sar import datasets
 from pyg_sar.comm import find_free_port
 
 
-def test_train_job_runs_under_torchrun_and_learns(tmp_path):
-    data = datasets.synthetic_graph(2000, 10, 16, 4, seed=2)
+def _train_command(tmp_path, data, *options: str):
+    """``pyg-sar train`` under torchrun with 2 workers on ``data``,
+    partitioned into ``tmp_path/parts``, with ``options``."""
     parts = str(tmp_path / 'parts')
     pyg_sar.partition_graph(data, 2, parts)
+    return [sys.executable, '-m', 'torch.distributed.run', '--nnodes', '1',
+            '--nproc-per-node', '2', '--master-addr', '127.0.0.1',
+            '--master-port', str(find_free_port()), '-m', 'pyg_sar.cli',
+            'train', '--parts', parts, *options]
+
+
+def test_train_job_runs_under_torchrun_and_learns(tmp_path):
     history = tmp_path / 'history.json'
-    command = [
-        sys.executable, '-m', 'torch.distributed.run', '--nnodes', '1',
-        '--nproc-per-node', '2', '--master-addr', '127.0.0.1',
-        '--master-port', str(find_free_port()), '-m', 'pyg_sar.cli', 'train',
-        '--parts', parts, '--model', 'gat', '--layers', '2', '--hidden', '16',
-        '--heads', '2', '--epochs', '15', '--lr', '0.02', '--dropout', '0.2',
-        '--history', str(history), '--no-progress', '--timeout', '60'
-    ]
+    command = _train_command(
+        tmp_path, datasets.synthetic_graph(2000, 10, 16, 4, seed=2),
+        '--model', 'gat', '--layers', '2', '--hidden', '16', '--heads', '2',
+        '--epochs', '15', '--lr', '0.02', '--dropout', '0.2', '--history',
+        str(history), '--no-progress', '--timeout', '60')
     result = subprocess.run(command, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -35,15 +40,10 @@ def test_train_job_runs_under_torchrun_and_learns(tmp_path):
 def test_log_file_has_no_progress_bar(tmp_path):
     # The progress bar is on by default; into a file (not a terminal) the
     # job writes its epoch lines without the bar's carriage returns.
-    data = datasets.synthetic_graph(500, 5, 8, 3, seed=1)
-    parts = str(tmp_path / 'parts')
-    pyg_sar.partition_graph(data, 2, parts)
     log = tmp_path / 'train.log'
-    command = [
-        sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node',
-        '2', '--master-port', str(find_free_port()), '-m', 'pyg_sar.cli',
-        'train', '--parts', parts, '--layers', '2', '--hidden', '8',
-        '--epochs', '3', '--timeout', '60']
+    command = _train_command(
+        tmp_path, datasets.synthetic_graph(500, 5, 8, 3, seed=1),
+        '--layers', '2', '--hidden', '8', '--epochs', '3', '--timeout', '60')
     with open(log, 'w') as f:
         result = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT,
                                 timeout=300)
