@@ -122,9 +122,8 @@ def pick_backend(backend: Optional[str], device: Optional[str],
     if backend is not None and backend not in ('gloo', 'nccl', 'mpi'):
         raise ValueError(f"backend must be 'gloo', 'nccl', 'mpi' or None "
                          f"(got {backend!r})")
-    on_cuda = device_type(device) == 'cuda' and num_gpus > 0
-    if device is not None and str(device) != 'auto' and \
-            device_type(device) == 'cuda' and num_gpus == 0:
+    on_cuda = device_type(device) == 'cuda'
+    if on_cuda and num_gpus == 0:  # (only a device named 'cuda' gets here)
         raise ValueError(f"device={device!r}: CUDA is not available here")
     if backend == 'nccl' and local_world_size > num_gpus:
         raise ValueError(

@@ -18,10 +18,10 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from pyg_sar.graph.guard import install_guard
 from pyg_sar import comm
 from pyg_sar.graph.dist_graph import (DistGraph, check_options,
                                       check_partition_set, explicit_device)
+from pyg_sar.graph.guard import install_guard
 
 EdgeType = Tuple[str, str, str]
 
