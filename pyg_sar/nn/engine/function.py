@@ -93,12 +93,9 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         # and backward the runner keeps the inputs as they came.
         self.compute_dtype = compute_dtype(self.tensors)
         self.stored = self.tensors
-        if self.compute_dtype is not None:
-            self.tensors = [upcast(t, self.compute_dtype)
-                            for t in self.tensors]
+        self._use(self.upcast_inputs())
         self.needs_grad = list(needs_grad)
         self.src_names = list(plan.src_slots)
-        self.sources = [self.tensors[s] for s in plan.src_slots.values()]
         # Row shape, dtype and device of each source tensor: what the
         # backward needs of them when it needs no values.
         self.source_meta = [(t.shape[1:], t.dtype, t.device)
@@ -114,6 +111,19 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         self.state: Dict[str, Any] = {}
         self.any_src_grad = any(self.needs_grad[s]
                                 for s in plan.src_slots.values())
+
+    def upcast_inputs(self) -> List[Tensor]:
+        """The inputs as they came, half-precision ones in
+        :attr:`compute_dtype`."""
+        if self.compute_dtype is None:
+            return self.stored
+        return [upcast(t, self.compute_dtype) for t in self.stored]
+
+    def _use(self, tensors: Optional[List[Tensor]]) -> None:
+        """Computes from ``tensors`` (the sources are among them)."""
+        self.tensors = tensors
+        self.sources = None if tensors is None else [
+            tensors[s] for s in self.plan.src_slots.values()]
 
     def _chunk_limit(self) -> Optional[int]:
         """Edges per chunk: the graph's ``chunk_size``, and for non-linear
@@ -199,7 +209,7 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
         if kind == 'spmm':
             out = self._forward_spmm()
             # A linear backward needs no input values: let them go.
-            self.tensors = self.sources = None
+            self._use(None)
             return out
         if kind == 'attention':
             return self._forward_attention()
@@ -362,6 +372,9 @@ class _Runner(MessageMixin, RingMixin, ReduceMixin, SparseMixin,
                 self._add(s, param_grads[id(p)])
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
 def compute_dtype(tensors: Sequence[Tensor]) -> Optional[torch.dtype]:
     """``torch.float32`` when a floating input is half precision (float16,
     bfloat16), else ``None`` (computed in the inputs' own dtypes)."""
@@ -373,9 +386,6 @@ def compute_dtype(tensors: Sequence[Tensor]) -> Optional[torch.dtype]:
 def upcast(t: Tensor, dtype: torch.dtype) -> Tensor:
     """A half-precision tensor in ``dtype``; any other tensor as it is."""
     return t.to(dtype) if t.dtype in HALF else t
-
-
-HALF = (torch.float16, torch.bfloat16)
 
 
 class full_precision:
@@ -390,12 +400,10 @@ class full_precision:
 
     def __enter__(self):
         runner = self.runner
+        # (The forward's copies were made with the runner.)
         if runner.compute_dtype is not None and runner.stored is not None \
                 and runner.tensors is runner.stored:
-            runner.tensors = [upcast(t, runner.compute_dtype)
-                              for t in runner.stored]
-            runner.sources = [runner.tensors[s]
-                              for s in runner.plan.src_slots.values()]
+            runner._use(runner.upcast_inputs())
         self.autocast = torch.autocast(self.device_type, enabled=False)
         self.autocast.__enter__()
         return self
@@ -406,9 +414,7 @@ class full_precision:
         if runner.tensors is None:
             runner.stored = None  # a linear backward needs no input values
         elif runner.compute_dtype is not None:
-            runner.tensors = runner.stored
-            runner.sources = [runner.tensors[s]
-                              for s in runner.plan.src_slots.values()]
+            runner._use(runner.stored)
 
 
 def _index_add_rows(target: Tensor, index: Tensor, value: Tensor) -> None:
