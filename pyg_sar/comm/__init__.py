@@ -36,6 +36,9 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
   apart (no tags), the loaders' traffic included.
 - :mod:`~pyg_sar.comm.model`: :func:`sync_params`, :func:`all_reduce_grads`,
   :func:`ddp_sum_hook`.
+- :mod:`~pyg_sar.comm.shard_exchange`: :class:`ProcessGroupExchange`, the
+  collectives of the K writers of
+  :func:`~pyg_sar.partition.partition_graph_parallel`.
 - :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
   :func:`load_replicated`, :func:`replicated_specs`.
 """
@@ -57,6 +60,7 @@ from pyg_sar.comm.p2p import PendingExchange, post_exchange
 from pyg_sar.comm.process_group import (find_free_port, get_rank,
                                         get_world_size, init_distributed)
 from pyg_sar.comm.sequence import finish_before_next_operation
+from pyg_sar.comm.shard_exchange import ProcessGroupExchange
 from pyg_sar.comm.state import (CommConfig, comm_stats, config, configure,
                                 reset_comm_stats)
 
@@ -70,7 +74,7 @@ __all__ = [
     'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
     'replicated_specs', 'ensure_channels', 'report_failure',
     'reusing_buffers', 'agree', 'on_channel', 'SettingsMismatchError',
-    'finish_before_next_operation',
+    'finish_before_next_operation', 'ProcessGroupExchange',
 ]
 
 # Internals reached as ``pyg_sar.comm._name`` (tests use ``_peer_error``).
