@@ -39,16 +39,15 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
 - :mod:`~pyg_sar.comm.shard_exchange`: :class:`ProcessGroupExchange`, the
   collectives of the K writers of
   :func:`~pyg_sar.partition.partition_graph_parallel`.
-- :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
-  :func:`load_replicated`, :func:`replicated_specs`.
+- :mod:`~pyg_sar.comm.dcp`: ``torch.distributed.checkpoint``'s save and
+  load, with the reader that the checkpoints' trust rules
+  (:mod:`pyg_sar.train.checkpoint_io`) plug into.
 """
-from pyg_sar.comm import (channels, checkpoint_io, collectives, errors,
-                          launcher, p2p, process_group, state)
+from pyg_sar.comm import (channels, collectives, errors, launcher, p2p,
+                          process_group, state)
 from pyg_sar.comm.agreement import agree
 from pyg_sar.comm.buffers import reusing_buffers
 from pyg_sar.comm.channels import ensure_channels, on_channel
-from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
-                                        save_replicated)
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       all_to_all_v, ask_owners, barrier,
                                       broadcast_,
@@ -71,8 +70,7 @@ __all__ = [
     'all_to_all_v', 'ask_owners', 'post_exchange', 'PendingExchange', 'sync_params',
     'all_reduce_grads', 'global_count', 'barrier', 'shutdown',
     'find_free_port',
-    'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
-    'replicated_specs', 'ensure_channels', 'report_failure',
+    'ddp_sum_hook', 'global_sum', 'ensure_channels', 'report_failure',
     'reusing_buffers', 'agree', 'on_channel', 'SettingsMismatchError',
     'finish_before_next_operation', 'ProcessGroupExchange',
 ]
@@ -93,5 +91,3 @@ _CHANNEL_GROUPS = channels._GROUPS
 _GlobalSum = collectives._GlobalSum
 _all_to_all_counts = collectives._all_to_all_counts
 _split = p2p._split
-_dcp_no_dist = checkpoint_io._dcp_no_dist
-_dcp_error = checkpoint_io._dcp_error
