@@ -209,7 +209,7 @@ def _agree(error: Optional[BaseException], payload: Any = None) -> List:
     return [p for _, p in gathered]
 
 
-def _check_count(name: str, value: Any, minimum: int) -> None:
+def check_count(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or \
             value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum} (got "
@@ -304,9 +304,9 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     # 1. Local checks, digests of the replicas, and a fresh temp directory.
     error, digests = None, None
     try:
-        _check_count('epoch', epoch, 0)
+        check_count('epoch', epoch, 0)
         if keep_last is not None:
-            _check_count('keep_last', keep_last, 1)
+            check_count('keep_last', keep_last, 1)
         meta = {'format': FORMAT_VERSION, 'epoch': epoch,
                 'world_size': world_size, 'fingerprint': fingerprint,
                 'extra': extra or {}, 'torch': torch.__version__,
