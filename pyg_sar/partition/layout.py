@@ -1,6 +1,6 @@
 """The on-disk layout of a partition directory: file names shared by the
-writer (:mod:`pyg_sar.partition`) and the reader
-(:mod:`pyg_sar.partition.read.homogeneous`), homogeneous and heterogeneous."""
+writer (:mod:`pyg_sar.partition.write`) and the reader
+(:mod:`pyg_sar.partition.read`), homogeneous and heterogeneous."""
 import os.path as osp
 
 MANIFEST_FILE = 'pyg_sar.json'
@@ -16,7 +16,9 @@ METHODS = ('metis', 'kaminpar', 'random')
 
 
 def part_path(root: str, part: int) -> str:
+    """The folder of part ``part`` in the partition directory ``root``."""
     return osp.join(root, f'part_{part}')
+
 
 # Heterogeneous partitions: one file per node type or edge type in these
 # folders (PyG's names for the maps; ours for the node and edge

@@ -30,7 +30,9 @@ MAX_CHUNK_EDGES = 1 << 21
 
 
 def random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
-                  train_mask: Optional[Tensor]) -> Tensor:
+                 train_mask: Optional[Tensor]) -> Tensor:
+    r"""A seeded balanced random split: part sizes differ by at most one,
+    and so do the counts of the nodes of :obj:`train_mask`."""
     # Round-robin over a random order: part sizes differ by at most one.
     # Placing training nodes first in that order balances them as well.
     order = torch.randperm(num_nodes, generator=generator)

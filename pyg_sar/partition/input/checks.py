@@ -77,12 +77,15 @@ def check_edge_index(edge_index: Any, name: str) -> Tensor:
 
 
 def check_method(method: str) -> None:
+    r"""Refuses a partition method other than :obj:`METHODS`."""
     if method not in METHODS:
         raise ValueError(f"Unknown partition method '{method}'; expected one "
                          f"of {list(METHODS)}")
 
 
 def check_num_parts(num_parts: Any, num_nodes: int) -> None:
+    r"""Refuses a part count that is no int or outside
+    :obj:`[1, num_nodes]`."""
     if isinstance(num_parts, bool) or not isinstance(num_parts, int):
         raise TypeError(f"'num_parts' must be an int (got "
                         f"{type(num_parts).__name__})")

@@ -13,6 +13,8 @@ from pyg_sar.partition.layout import FORMAT_NAME, FORMAT_VERSION
 
 
 def read_bytes(path: str) -> bytes:
+    r"""The bytes of the partition file :obj:`path` (missing: a one-line
+    :class:`FileNotFoundError`)."""
     if not osp.isfile(path):
         raise FileNotFoundError(f"Partition file '{path}' is missing")
     with open(path, 'rb') as f:
@@ -20,6 +22,8 @@ def read_bytes(path: str) -> bytes:
 
 
 def parse_json(raw: bytes, path: str) -> Dict[str, Any]:
+    r"""The JSON object in :obj:`raw`, read from :obj:`path` (anything else:
+    a one-line :class:`ValueError` naming the file)."""
     try:
         obj = json.loads(raw)
     except ValueError as e:

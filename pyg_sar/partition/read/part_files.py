@@ -33,12 +33,16 @@ def csc_edge_index(csc_ptr: Tensor, csc_src: Tensor,
 
 
 def expect(condition: bool, path: str, message: str) -> None:
+    r"""Raises a :class:`ValueError` naming the file :obj:`path` and what
+    does not match the partition, unless :obj:`condition`."""
     if not condition:
         raise ValueError(f"Partition file '{path}' does not match the "
                          f"partition: {message}")
 
 
 def expect_vector(value: Any, length: int, path: str, name: str) -> None:
+    r""":func:`expect` that :obj:`value` (the field :obj:`name` of
+    :obj:`path`) is a vector of :obj:`length` entries."""
     expect(
         isinstance(value, Tensor) and value.dim() == 1
         and value.numel() == length, path,

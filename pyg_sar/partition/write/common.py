@@ -18,10 +18,13 @@ def manifest_header() -> Dict[str, Any]:
 
 
 def count_per_part(values: Tensor, num_parts: int) -> Tensor:
+    r"""How many of :obj:`values` (part ids) fall in every part."""
     return torch.bincount(values, minlength=num_parts)
 
 
 def max_over_mean(counts: Tensor) -> float:
+    r"""The balance of per-part :obj:`counts`: the largest over the mean
+    (:obj:`1.0` when all are zero)."""
     mean = float(counts.double().mean())
     return float(counts.max()) / mean if mean > 0 else 1.0
 
@@ -40,8 +43,11 @@ def class_count(y) -> Optional[int]:
 
 
 def tensor_info(value: Tensor) -> Dict[str, Any]:
+    r"""A tensor's shape and dtype, as the manifest records them."""
     return dict(shape=list(value.shape), dtype=str(value.dtype))
 
 
 def save_file(obj: Any, path: str) -> None:
+    r"""``torch.save(obj, path)``: the writers' one call that saves a file
+    (of a streamed file, its skeleton)."""
     torch.save(obj, path)

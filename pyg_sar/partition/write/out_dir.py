@@ -111,6 +111,7 @@ def write_atomically(
 
 
 def write_json(obj: Any, path: str) -> None:
+    r""":obj:`obj` as indented JSON, with a final newline."""
     with open(path, 'w') as f:
         json.dump(obj, f, indent=2)
         f.write('\n')
