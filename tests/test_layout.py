@@ -1,7 +1,8 @@
 """The package layout, read from the source: one folder per stage, no import
 circles, no import from a later stage into an earlier one, every
-``torch.distributed`` import in the communication stage, and the fast paths
-(``import pyg_sar``, ``pyg-sar --help``) free of torch."""
+``torch.distributed`` import in the communication stage, no module reaching
+into another's private names, the partitioner split by concern, and the fast
+paths (``import pyg_sar``, ``pyg-sar --help``) free of torch."""
 import ast
 import os
 import os.path as osp
@@ -159,6 +160,91 @@ def test_torch_distributed_only_in_comm():
             if any(n.startswith('torch.distributed') for n in names):
                 outside.append(module)
     assert not outside, outside
+
+
+# The stages whose modules use only each other's public names.
+PUBLIC_NAMES_ONLY = ['partition', 'train', 'datasets', 'cli']
+
+
+def _private_uses(module: str, path: str):
+    """``target._name`` and ``from target import _name`` in ``module``,
+    where ``target`` is another module of the package."""
+    tree = ast.parse(open(path).read(), path)
+    imported, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and \
+                node.module.startswith('pyg_sar'):
+            for alias in node.names:
+                target = f'{node.module}.{alias.name}'
+                if target in MODULES:  # a module: its attributes count
+                    imported[alias.asname or alias.name] = target
+                elif alias.name.startswith('_') and \
+                        not alias.name.startswith('__') and \
+                        node.module != module:
+                    found.append(f'{module}: from {node.module} import '
+                                 f'{alias.name}')
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in MODULES:
+                    imported[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and \
+                isinstance(node.value, ast.Name) and \
+                node.value.id in imported and \
+                node.attr.startswith('_') and \
+                not node.attr.startswith('__') and \
+                imported[node.value.id] != module:
+            found.append(f'{module}: {imported[node.value.id]}.{node.attr}')
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = [use for module, path in MODULES.items()
+             if _stage(module) in PUBLIC_NAMES_ONLY
+             for use in _private_uses(module, path)]
+    assert not found, 'private names used across modules: ' + \
+        '; '.join(found)
+
+
+# The partitioner's subpackages, one per step, and the ones each may import
+# (besides the modules at the top of pyg_sar.partition).
+PARTITION_STEPS = {
+    'input': set(),
+    'assign': {'input'},
+    'write': {'input', 'assign'},
+    'read': set(),
+}
+MAX_MODULES_PER_FOLDER = 12
+
+
+def test_partition_is_split_by_concern():
+    root = osp.join(ROOT, 'partition')
+    steps = sorted(n for n in os.listdir(root)
+                   if osp.isdir(osp.join(root, n)) and n != '__pycache__')
+    assert steps == sorted(PARTITION_STEPS), steps
+    for folder, names, files in os.walk(root):
+        names[:] = [n for n in names if n != '__pycache__']
+        modules = [f for f in files
+                   if f.endswith('.py') and f != '__init__.py']
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, \
+            f'{folder} holds {len(modules)} modules'
+    for step in PARTITION_STEPS:
+        init = osp.join(root, step, '__init__.py')
+        doc = ast.get_docstring(ast.parse(open(init).read()))
+        assert doc and len(doc.split()) >= 25, \
+            f'pyg_sar.partition.{step} needs a one-paragraph docstring'
+    wrong = []
+    for module, targets in GRAPH.items():
+        parts = module.split('.')
+        if parts[:2] != ['pyg_sar', 'partition'] or len(parts) < 4:
+            continue
+        for target in targets:
+            other = target.split('.')
+            if other[:2] == ['pyg_sar', 'partition'] and len(other) >= 4 \
+                    and other[2] != parts[2] and \
+                    other[2] not in PARTITION_STEPS[parts[2]]:
+                wrong.append(f'{module} -> {target}')
+    assert not wrong, 'partition steps out of order: ' + '; '.join(wrong)
 
 
 @pytest.mark.parametrize('code', [

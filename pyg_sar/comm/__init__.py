@@ -36,16 +36,18 @@ Layout (everything is importable from ``pyg_sar.comm`` itself):
   apart (no tags), the loaders' traffic included.
 - :mod:`~pyg_sar.comm.model`: :func:`sync_params`, :func:`all_reduce_grads`,
   :func:`ddp_sum_hook`.
-- :mod:`~pyg_sar.comm.checkpoint_io`: :func:`save_replicated`,
-  :func:`load_replicated`, :func:`replicated_specs`.
+- :mod:`~pyg_sar.comm.shard_exchange`: :class:`ProcessGroupExchange`, the
+  collectives of the K writers of
+  :func:`~pyg_sar.partition.partition_graph_parallel`.
+- :mod:`~pyg_sar.comm.dcp`: ``torch.distributed.checkpoint``'s save and
+  load, with the reader that the checkpoints' trust rules
+  (:mod:`pyg_sar.train.checkpoint_io`) plug into.
 """
-from pyg_sar.comm import (channels, checkpoint_io, collectives, errors,
-                          launcher, p2p, process_group, state)
+from pyg_sar.comm import (channels, collectives, errors, launcher, p2p,
+                          process_group, state)
 from pyg_sar.comm.agreement import agree
 from pyg_sar.comm.buffers import reusing_buffers
 from pyg_sar.comm.channels import ensure_channels, on_channel
-from pyg_sar.comm.checkpoint_io import (load_replicated, replicated_specs,
-                                        save_replicated)
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       all_to_all_v, ask_owners, barrier,
                                       broadcast_,
@@ -57,6 +59,7 @@ from pyg_sar.comm.p2p import PendingExchange, post_exchange
 from pyg_sar.comm.process_group import (find_free_port, get_rank,
                                         get_world_size, init_distributed)
 from pyg_sar.comm.sequence import finish_before_next_operation
+from pyg_sar.comm.shard_exchange import ProcessGroupExchange
 from pyg_sar.comm.state import (CommConfig, comm_stats, config, configure,
                                 reset_comm_stats)
 
@@ -67,10 +70,9 @@ __all__ = [
     'all_to_all_v', 'ask_owners', 'post_exchange', 'PendingExchange', 'sync_params',
     'all_reduce_grads', 'global_count', 'barrier', 'shutdown',
     'find_free_port',
-    'ddp_sum_hook', 'global_sum', 'save_replicated', 'load_replicated',
-    'replicated_specs', 'ensure_channels', 'report_failure',
+    'ddp_sum_hook', 'global_sum', 'ensure_channels', 'report_failure',
     'reusing_buffers', 'agree', 'on_channel', 'SettingsMismatchError',
-    'finish_before_next_operation',
+    'finish_before_next_operation', 'ProcessGroupExchange',
 ]
 
 # Internals reached as ``pyg_sar.comm._name`` (tests use ``_peer_error``).
@@ -89,5 +91,3 @@ _CHANNEL_GROUPS = channels._GROUPS
 _GlobalSum = collectives._GlobalSum
 _all_to_all_counts = collectives._all_to_all_counts
 _split = p2p._split
-_dcp_no_dist = checkpoint_io._dcp_no_dist
-_dcp_error = checkpoint_io._dcp_error

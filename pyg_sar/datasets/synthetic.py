@@ -113,9 +113,9 @@ def synthetic_graph(
     edge_codes = torch.empty(0, dtype=torch.long)
     num_samples = num_target // 2
     for _ in range(4):
-        src, dst = _sample_dc_sbm_edges(theta_cumsum, community,
-                                        community_ptr, num_samples,
-                                        intra_community_ratio, generator)
+        src, dst = sample_dc_sbm_edges(theta_cumsum, community,
+                                       community_ptr, num_samples,
+                                       intra_community_ratio, generator)
         # Shuffle node ids, so that ids carry no community structure.
         src, dst = new_id[src], new_id[dst]
         edge_codes = _undirected_codes(edge_codes, src, dst, num_nodes)
@@ -206,7 +206,7 @@ def _sample_by_weight(
     return index.clamp_(max=weight_cumsum.numel() - 1)
 
 
-def _sample_dc_sbm_edges(
+def sample_dc_sbm_edges(
     theta_cumsum: Tensor,
     community: Tensor,
     community_ptr: Tensor,
@@ -214,6 +214,12 @@ def _sample_dc_sbm_edges(
     intra_community_ratio: float,
     generator: torch.Generator,
 ) -> Tuple[Tensor, Tensor]:
+    """:obj:`num_samples` edges of the model, as :obj:`(src, dst)` ids of
+    the community layout (before the caller shuffles ids): every source
+    drawn by degree propensity (the running sum :obj:`theta_cumsum`), its
+    destination by propensity within the source's community with
+    probability :obj:`intra_community_ratio`, else within the whole graph.
+    The in-memory and the streamed generator both draw with it."""
     total = float(theta_cumsum[-1])
     src = _sample_by_weight(theta_cumsum, 0.0, total, num_samples, generator)
     is_intra = torch.rand(num_samples, generator=generator) < \

@@ -1,7 +1,7 @@
 """Neighbor sampling of heterogeneous graphs on collectives.
 
 :class:`pyg_sar.loader.DistNeighborLoader` given a heterogeneous part (a
-:class:`pyg_sar.partition.hetero_load.HeteroPartition`, or PyG's
+:class:`pyg_sar.partition.HeteroPartition`, or PyG's
 heterogeneous stores loaded from a pyg_sar partition) builds a
 :class:`DistHeteroNeighborLoader`. Sampling follows PyG's heterogeneous
 semantics: the seeds are nodes of one type; at every hop, for every edge

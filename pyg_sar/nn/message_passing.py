@@ -6,7 +6,7 @@ edge weights as the values of ``adj_t`` (``T.GCNNorm()`` +
 ``T.ToSparseTensor()``) and calls ``conv(x, adj_t)``: a layer whose
 ``forward`` takes ``edge_weight`` then multiplies every message by the
 value. A graph partitioned from such an ``adj_t``
-(:mod:`pyg_sar.partition.pyg_inputs`) keeps the values as the edge
+(:mod:`pyg_sar.partition.input.pyg_inputs`) keeps the values as the edge
 attribute ``edge_weight`` and marks them as ``adj_t``'s; its ``DistGraph``
 carries them (``graph.adj_t_values``), and every layer that takes
 ``edge_weight`` and is called without one gets them, so the stock script's
