@@ -18,13 +18,13 @@ from _dist import run_workers
 ROOT = osp.dirname(pyg_sar.__file__)
 
 # What one SAGEConv forward and backward over 2 workers runs through: the
-# layer, its linear helpers, the layer base, the plan (the factory), the
+# layer, the layer base (with its linear helpers), the plan (the factory), the
 # Function and its aggregator, the graph's transport and blocks, and the
 # communication stage's primitives (one unit: ``pyg_sar.comm``). Leaf
 # utilities (``pyg_sar.utils``: allocator trim, device capacity) are not
 # counted. A new file on this path is a deliberate change of this list.
 SAGE_PATH = {
-    'nn/conv/sage_conv.py', 'nn/functional.py', 'nn/message_passing.py',
+    'nn/conv/sage_conv.py', 'nn/message_passing.py',
     'nn/engine/plan.py', 'nn/engine/function.py', 'nn/engine/sparse.py',
     'graph/transport.py', 'graph/blocks.py', 'comm',
 }
@@ -81,7 +81,7 @@ def test_one_layer_runs_through_few_files(layer, expected, tmp_path):
             f'rank {rank}: {layer} runs through {sorted(files)}; expected '
             f'{sorted(expected)}')
     if layer == 'sage':
-        assert len(expected) <= 9
+        assert len(expected) <= 8
 
 
 def _package_classes():

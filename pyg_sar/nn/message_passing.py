@@ -13,6 +13,17 @@ carries them (``graph.adj_t_values``), and every layer that takes
 call ``conv(x, graph)`` gets the same weights. Layers without an
 ``edge_weight`` argument (``SAGEConv``, ``GINConv``, ...) drop the values,
 as PyG does for them. An ``edge_weight`` passed explicitly always wins.
+
+Two compositions of a propagation with a linear map, which the layers use
+to keep less than their stock form: :func:`linear_of_aggregate` computes
+``lin(aggregate())`` without keeping the aggregate for the weight's
+gradient when it can be recomputed (its input needs no gradient, as the
+features entering a first layer): the aggregation runs once more in
+backward instead (one node-sized tensor less per layer). :func:`add_linear_`
+adds a layer's root term ``lin(x)`` into a fresh aggregate in one product
+(``addmm_``): ``out + lin(x)`` first materializes ``lin(x)`` next to ``out``
+and their sum, three node-sized tensors at once; the fused product holds
+one.
 """
 from __future__ import annotations
 
@@ -20,8 +31,11 @@ import functools
 import inspect
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+import torch
 from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn import engine
@@ -286,3 +300,76 @@ def fill_adj_t_values(forward: Callable, args: Tuple,
         return args, kwargs
     bound.arguments['edge_weight'] = values
     return bound.args[len(prefix):], bound.kwargs
+
+
+# Linear modules whose forward is exactly x @ W^T + b (a subclass that
+# overrides forward goes through its own forward).
+_PLAIN_FORWARDS = (PyGLinear.forward, torch.nn.Linear.forward)
+
+
+def add_linear_(out: Tensor, x: Tensor, lin) -> Tensor:
+    """``out += lin(x)`` in place for a PyG or torch ``Linear`` ``lin``, in
+    one ``addmm_`` where ``out`` and ``x`` are matrices and ``lin`` is
+    initialized (else ``out + lin(x)``). ``out`` must be a fresh result of
+    the caller's (autograd refuses the in-place add at backward if anything
+    saved it)."""
+    weight = getattr(lin, 'weight', None)
+    if (out.dim() == 2 and x.dim() == 2 and isinstance(weight, Tensor)
+            and not isinstance(weight, UninitializedParameter)
+            and type(lin).forward in _PLAIN_FORWARDS
+            and out.dtype == x.dtype == weight.dtype):
+        out = out.addmm_(x, weight.t())
+        return out if lin.bias is None else out.add_(lin.bias)
+    return out + lin(x)
+
+
+def linear_of_aggregate(lin, aggregate: Callable[[], Tensor],
+                        inputs: Tuple[Optional[Tensor], ...] = ()) -> Tensor:
+    """``lin(aggregate())``, without keeping the aggregate for backward
+    where it can be recomputed instead: when the aggregate needs no gradient
+    (its input needs none, e.g. the input features of a first layer), the
+    copy ``lin``'s weight gradient would save is dropped
+    (``torch.autograd.graph.saved_tensors_hooks``) and :obj:`aggregate` is
+    called again, without gradients, when backward needs it: one node-sized
+    tensor less between forward and backward for one more aggregation (SAR's
+    rematerialization). The gradients are those of ``lin(aggregate())``.
+
+    :obj:`aggregate` must give the same result when called again (the same
+    graph and input; a distributed aggregation runs its exchange again, on
+    every rank at the same point of backward, as the engine's own backward
+    does). :obj:`inputs` are the tensors :obj:`aggregate` reads: one
+    changed in place between forward and backward would change the
+    recomputed aggregate, so backward then raises, as autograd does for a
+    saved tensor."""
+    agg = aggregate()
+    if agg.requires_grad or not torch.is_grad_enabled() or agg.dim() == 0:
+        return lin(agg)
+    key = (agg.data_ptr(), agg.shape, agg.stride(), agg.dtype)
+    inputs = [t for t in inputs if isinstance(t, Tensor)]
+    versions = [t._version for t in inputs]
+
+    def pack(t: Tensor):
+        if (t.data_ptr(), t.shape, t.stride(), t.dtype) == key:
+            return _Recompute
+        return t
+
+    def unpack(saved):
+        if saved is _Recompute:
+            if [t._version for t in inputs] != versions:
+                raise RuntimeError(
+                    "An input of an aggregation was modified in place "
+                    "after the forward pass; its aggregate, recomputed for "
+                    "backward, would differ (pass a copy, or modify it "
+                    "after backward)")
+            with torch.no_grad():
+                return aggregate()
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = lin(agg)
+    return out
+
+
+class _Recompute:
+    """Marker of a saved tensor that :func:`linear_of_aggregate`
+    recomputes at backward."""

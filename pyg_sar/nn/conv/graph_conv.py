@@ -4,8 +4,7 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from pyg_sar.graph import DistGraph
-from pyg_sar.nn.functional import linear_of_aggregate
-from pyg_sar.nn.message_passing import DistMessagePassing
+from pyg_sar.nn.message_passing import DistMessagePassing, linear_of_aggregate
 
 
 class GraphConv(DistMessagePassing):

@@ -6,8 +6,8 @@ from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn.dense.linear import Linear
 
 from pyg_sar.graph import DistGraph
-from pyg_sar.nn.functional import add_linear_, linear_of_aggregate
-from pyg_sar.nn.message_passing import DistMessagePassing
+from pyg_sar.nn.message_passing import (DistMessagePassing, add_linear_,
+                                        linear_of_aggregate)
 
 
 class SAGEConv(DistMessagePassing):

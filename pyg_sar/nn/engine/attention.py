@@ -10,11 +10,12 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk, power_of_two_at_most
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.function import widest_row
 from pyg_sar.nn.engine.messages import LIVE_COPIES, MessageAggregator
 from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul, sparse_csr,
                                        sparse_kernels_fit)
+from pyg_sar.utils.device import power_of_two_at_most
 
 # PyG's softmax adds this to the normalizer; matching it keeps outputs equal.
 _SOFTMAX_EPS = 1e-16

@@ -26,9 +26,10 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pyg_sar import comm
-from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk, power_of_two_at_most
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.graph.transport import Transport
 from pyg_sar.nn.engine.spec import Plan
+from pyg_sar.utils.device import power_of_two_at_most
 from pyg_sar.utils.malloc import trim_heap
 
 

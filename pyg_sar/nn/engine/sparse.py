@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk, power_of_two_at_most
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.nn.engine.function import Aggregator, per_row
+from pyg_sar.utils.device import power_of_two_at_most
 
 
 def sparse_csr(crow: Tensor, col: Tensor, values: Tensor, shape) -> Tensor:
