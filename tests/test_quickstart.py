@@ -146,7 +146,7 @@ def test_sampled_training_then_full_graph_inference(tmp_path):
 def test_sampled_heterogeneous_training(tmp_path):
     """docs/tutorials/sampling.rst"""
     root = _data_root(tmp_path, 'DBLP')
-    out = _torchrun('sampled_hetero_dblp.py', '--data-root', root,
+    out = _torchrun('sampled_hetero_dblp.py', '--root', root,
                     '--epochs', '2')
     # DBLP's authors have 4 classes.
     assert _number(r'test accuracy ([0-9.]+)', out) > 0.4, out
