@@ -19,7 +19,7 @@ def _get(rows, model, name, n=1, contention=0) -> Optional[dict]:
 
 
 def print_table(rows: List[dict]) -> None:
-    head = (f"{'model':<6}{'system':<19}{'N':>3}{'K':>3}{'MiB/wkr':>9}"
+    head = (f"{'model':<12}{'system':<19}{'N':>3}{'K':>3}{'MiB/wkr':>9}"
             f"{'graph':>7}"
             f"{'epoch pk':>9}{'floor':>7}{'/floor':>7}{'N1/N':>6}"
             f"{'stock/':>7}{'epoch s':>8}{'CPU s':>7}{'sys s':>6}"
@@ -41,7 +41,7 @@ def print_table(rows: List[dict]) -> None:
         if r['name'] == 'pyg_sar' and cmp_row:
             vs = (f"{r['mem_mib'] / cmp_row['mem_mib']:.2f}x "
                   f"{r['epoch_s'] / cmp_row['epoch_s']:.2f}x")
-        print(f"{r['model']:<6}{r['name']:<19}{r['workers']:>3}{k:>3}"
+        print(f"{r['model']:<12}{r['name']:<19}{r['workers']:>3}{k:>3}"
               f"{r['mem_mib']:>9,.0f}{r['graph_mib']:>7,.0f}"
               f"{r['epoch_peak_mib']:>9,.0f}{r['floor_mib']:>7,.0f}"
               f"{r['mem_mib'] / (r['floor_mib'] or math.inf):>7.2f}"
