@@ -1,5 +1,6 @@
-"""What the full-batch benchmarks share: memory probes of a worker process,
-worker start-up, the measured epochs of a worker, and writing the results.
+"""What the full-batch benchmarks share: launching fresh worker processes,
+memory probes of a worker process, worker start-up, the measured epochs of
+a worker, and writing the results.
 
 Torch-free at import (drivers import it too); the worker helpers import
 torch and pyg_sar when called.
@@ -26,6 +27,54 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+def launch_workers(script: str, worker_args: List[str], world_size: int,
+                   work: str, timeout_s: float,
+                   env: Optional[Dict[str, str]] = None) -> List[dict]:
+    """Runs ``world_size`` fresh processes of ``script --worker --result
+    PATH *worker_args`` in ``work`` (gloo on 127.0.0.1, ``2 // N`` threads
+    each: the machine has 2 cores), with ``env`` added to their
+    environment; returns their results, in rank order."""
+    import subprocess
+    port, procs, paths = free_port(), [], []
+    for rank in range(world_size):
+        child = {k: v for k, v in os.environ.items()
+                 if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR',
+                              'MASTER_PORT', 'LOCAL_RANK')}
+        threads = str(max(1, 2 // world_size))
+        child.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        child.update(env or {})
+        if world_size > 1:
+            child.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                         LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
+                         MASTER_PORT=str(port))
+        path = osp.join(work, f'result_{rank}.json')
+        if osp.exists(path):
+            os.remove(path)
+        paths.append(path)
+        procs.append(subprocess.Popen(
+            [sys.executable, script, '--worker', '--result', path,
+             *worker_args], env=child, cwd=work))
+    deadline, failed = time.time() + timeout_s, False
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            failed = True
+        failed |= proc.returncode not in (0, None)
+    for proc in procs:  # our own children only
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if failed or not all(osp.exists(p) for p in paths):
+        raise RuntimeError(f'a worker of {osp.basename(script)} failed: '
+                           f'{worker_args}')
+    results = []
+    for path in paths:
+        with open(path) as f:
+            results.append(json.load(f))
+    return results
 
 
 # Memory probes ###############################################################

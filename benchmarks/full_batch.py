@@ -1,14 +1,15 @@
 """Full-batch training: per-worker memory and epoch time of pyg_sar's Python
 API at N = 1, 2, 4 workers, stock PyG, and the analytic activation floor.
 
-Models: GraphSAGE (mean; 3 layers, hidden 256) on
-``synthetic_graph(200000, 20, 128, 16, seed=0)`` (4.1M edges) and GAT
-(3 layers, 4 heads x 32) on the same generator at 100k nodes. pyg_sar
-trains exactly as the README's snippet does (``full_batch_worker.py``);
-stock PyG trains the same architecture in one process. Every configuration
-runs in fresh processes (gloo on 127.0.0.1, ``2 // N`` threads each: the
-machine has 2 cores), and no allocator option or environment variable is
-set for any of them.
+Models (``--models``): GraphSAGE (mean; 3 layers, hidden 256) and GAT
+(3 layers, 4 heads x 32) on ``synthetic_graph(200000, 20, 128, 16,
+seed=0)`` (4.1M edges) by default; also ``gcn``, and ``gen`` and
+``transformer``, which run over whole neighborhoods. pyg_sar trains exactly
+as the README's snippet does (``full_batch_worker.py``); stock PyG trains
+the same architecture in one process. Every configuration runs in fresh
+processes (gloo on 127.0.0.1, ``2 // N`` threads each: the machine has 2
+cores), and no allocator option or environment variable is set for any of
+them (``--env``, ``--sar-env`` set some).
 
     python benchmarks/full_batch.py                      # the issue's setup
     python benchmarks/full_batch.py --quick              # 2k nodes, N=1,2
@@ -21,6 +22,12 @@ set for any of them.
         # size made of disconnected copies of the generator (as many as the
         # least common multiple of the worker counts), which METIS
         # partitions without cutting an edge: N workers exchange nothing
+    python benchmarks/full_batch.py --chunk-size 500000
+        # + pyg_sar at N=1 with DistGraph(chunk_size=500000)
+    python benchmarks/full_batch.py --models transformer,gen --nodes 20000
+        # the whole-neighborhood layers
+    python benchmarks/full_batch.py --mode sa --pipeline-depth 2
+        # another execution mode, more ring rounds prefetched
 
 The exchange-free bound separates what N workers pay for the halo exchange
 from what they pay for sharing the machine's cores (docs/benchmarks.rst has
@@ -29,9 +36,13 @@ the measured bound).
 Per worker: peak RSS from after loading to the end of training over the RSS
 after loading (worst worker), the index state of the DistGraph, the worst
 single-epoch peak, and the median epoch; the floor is
-:func:`full_batch_worker.floor_bytes` of the largest part. Prints a table
-with ratios and PASS/FAIL per target, writes ``<name>.json`` and
-``<name>.png`` to ``--out`` (default ``benchmarks/results``).
+:func:`full_batch_worker.floor_bytes` of the largest part. Bytes: what a
+worker sent in an epoch, and the halo bytes all workers received (the
+gradient all-reduce excluded) against their lower bound
+(:func:`full_batch_worker.halo_bound_bytes`, SAGE and GAT). Prints a table
+with ratios and PASS/FAIL per target (``full_batch_report.py``), writes
+``<name>.json`` and ``<name>.png`` to ``--out`` (default
+``benchmarks/results``).
 """
 from __future__ import annotations
 
@@ -49,12 +60,15 @@ from typing import List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-from _common import (add_internal_args, free_port, run_script,  # noqa: E402
-                     write_results)
+from _common import (add_internal_args, launch_workers,  # noqa: E402
+                     run_script, write_results)
+from full_batch_report import (CHUNKED, NO_CUT, check_targets,  # noqa: E402
+                               exchange_bounds, plot, print_table)
 REPO = osp.dirname(HERE)
-GRAPHS = {'sage': 200_000, 'gat': 200_000, 'gcn': 200_000, 'gen': 200_000}
-HIDDEN = {'sage': 256, 'gat': 128, 'gcn': 256, 'gen': 128}
-NO_CUT = 'pyg_sar, no cut'
+MODELS = ('sage', 'gat', 'gcn', 'gen', 'transformer')
+GRAPHS = dict.fromkeys(MODELS, 200_000)
+HIDDEN = {'sage': 256, 'gat': 128, 'gcn': 256, 'gen': 128,
+          'transformer': 256}
 # Models the DGL worker builds (benchmarks/dgl_worker.py).
 DGL_MODELS = ('sage', 'gat', 'gcn')
 
@@ -104,44 +118,10 @@ def launch(worker_args: List[str], world_size: int, work: str,
            code: str, timeout_s: float,
            extra_env: Optional[dict] = None) -> List[dict]:
     """``world_size`` fresh workers importing pyg_sar from ``code``."""
-    port, procs, paths = free_port(), [], []
-    for rank in range(world_size):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR',
-                            'MASTER_PORT', 'LOCAL_RANK')}
-        threads = str(max(1, 2 // world_size))
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
-                   PYTHONPATH=code, PYG_SAR_BENCH_CODE=code)
-        env.update(extra_env or {})
-        if world_size > 1:
-            env.update(RANK=str(rank), WORLD_SIZE=str(world_size),
-                       LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
-                       MASTER_PORT=str(port))
-        path = osp.join(work, f'result_{rank}.json')
-        if osp.exists(path):
-            os.remove(path)
-        paths.append(path)
-        procs.append(subprocess.Popen(
-            [sys.executable, osp.abspath(__file__), '--worker', '--result',
-             path, *worker_args], env=env, cwd=work))
-    deadline, failed = time.time() + timeout_s, False
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            failed = True
-        failed |= proc.returncode not in (0, None)
-    for proc in procs:  # our own children only
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if failed or not all(osp.exists(p) for p in paths):
-        raise RuntimeError(f'a worker failed: {worker_args} ({code})')
-    results = []
-    for path in paths:
-        with open(path) as f:
-            results.append(json.load(f))
-    return results
+    return launch_workers(osp.abspath(__file__), worker_args, world_size,
+                          work, timeout_s,
+                          dict(extra_env or {}, PYTHONPATH=code,
+                               PYG_SAR_BENCH_CODE=code))
 
 
 def summarize(name: str, code: str, results: List[dict]) -> dict:
@@ -160,6 +140,12 @@ def summarize(name: str, code: str, results: List[dict]) -> dict:
         cpu_s=sum(r.get('cpu_s', 0.0) for r in results),
         sys_s=sum(r.get('sys_s', 0.0) for r in results),
         sent_mib=max(r.get('sent_mib', 0.0) for r in results),
+        # All workers: the halo bytes received in an epoch, and their
+        # lower bound (full_batch_worker.halo_bound_bytes).
+        exchange_mib=sum(r.get('exchange_mib', 0.0) for r in results),
+        halo_bound_mib=(sum(r['halo_bound_mib'] for r in results)
+                        if all(r.get('halo_bound_mib') for r in results)
+                        else None),
         floor_mib=max(r['floor_mib'] for r in results),
         # The compute floor of the slowest worker's shapes (floor.py), and
         # the profiled epoch's breakdown of that worker.
@@ -286,9 +272,12 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
                   str(args.heads), '--layers', str(args.layers), '--epochs',
                   str(args.epochs), '--timeout', str(args.timeout),
                   '--num-classes', str(graph['num_classes'])] + \
+            ['--mode', args.mode] + \
             (['--no-floor'] if args.no_floor else []) + \
             (['--edge-memory-budget', str(args.edge_memory_budget)]
-             if args.edge_memory_budget else [])
+             if args.edge_memory_budget else []) + \
+            (['--pipeline-depth', str(args.pipeline_depth)]
+             if args.pipeline_depth else [])
         configs = []
         if graph['data'] and args.dgl and model in DGL_MODELS:
             configs.append(('DGL', 1, args.dgl, [
@@ -308,6 +297,10 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
             if bound:
                 configs.append((NO_CUT, n, REPO, [
                     '--impl', 'sar', '--parts', bound['parts'][n]]))
+            if args.chunk_size and n == 1:
+                configs.append((CHUNKED, n, REPO, [
+                    '--impl', 'sar', '--parts', path, '--chunk-size',
+                    str(args.chunk_size)]))
         all_env = dict(kv.split('=', 1) for kv in args.env)
         sar_env = dict(all_env, **dict(kv.split('=', 1)
                                        for kv in args.sar_env))
@@ -351,225 +344,6 @@ def run_all(args: argparse.Namespace, work: str) -> List[dict]:
     return rows
 
 
-# Report ######################################################################
-
-def _get(rows, model, name, n=1, contention=0) -> Optional[dict]:
-    for r in rows:
-        if r['model'] == model and r['name'] == name and \
-                r['workers'] == n and r.get('contention', 0) == contention:
-            return r
-    return None
-
-
-def print_table(rows: List[dict]) -> None:
-    head = (f"{'model':<6}{'system':<19}{'N':>3}{'K':>3}{'MiB/wkr':>9}"
-            f"{'graph':>7}"
-            f"{'epoch pk':>9}{'floor':>7}{'/floor':>7}{'N1/N':>6}"
-            f"{'stock/':>7}{'epoch s':>8}{'CPU s':>7}{'sys s':>6}"
-            f"{'sent':>6}{'floor s':>8}{'ep/fl':>6}{'/DGL':>6}"
-            f"{'K/K0':>6}{'vs cmp':>14}")
-    print(head)
-    print('-' * len(head))
-    for r in rows:
-        k = r.get('contention', 0)
-        one = _get(rows, r['model'], r['name'], 1)
-        stock = _get(rows, r['model'], 'stock PyG')
-        dgl = _get(rows, r['model'], 'DGL', 1, k)
-        quiet = _get(rows, r['model'], r['name'], r['workers'])
-        floor = r.get('floor_s') or 0
-        cmp_row = _get(rows, r['model'], 'pyg_sar (compare)', r['workers'])
-        vs = '-'
-        if r['name'] == 'pyg_sar' and cmp_row:
-            vs = (f"{r['mem_mib'] / cmp_row['mem_mib']:.2f}x "
-                  f"{r['epoch_s'] / cmp_row['epoch_s']:.2f}x")
-        print(f"{r['model']:<6}{r['name']:<19}{r['workers']:>3}{k:>3}"
-              f"{r['mem_mib']:>9,.0f}{r['graph_mib']:>7,.0f}"
-              f"{r['epoch_peak_mib']:>9,.0f}{r['floor_mib']:>7,.0f}"
-              f"{r['mem_mib'] / (r['floor_mib'] or math.inf):>7.2f}"
-              f"{(one['mem_mib'] / r['mem_mib'] if one else 0):>6.2f}"
-              f"{(stock['mem_mib'] / r['mem_mib'] if stock else 0):>7.2f}"
-              f"{r['epoch_s']:>8.2f}{r.get('cpu_s', 0):>7.2f}"
-              f"{r.get('sys_s', 0):>6.2f}{r.get('sent_mib', 0):>6.0f}"
-              f"{floor:>8.2f}{(r['epoch_s'] / floor if floor else 0):>6.2f}"
-              f"{(r['epoch_s'] / dgl['epoch_s'] if dgl else 0):>6.2f}"
-              f"{(r['epoch_s'] / quiet['epoch_s'] if quiet else 0):>6.2f}"
-              f"{vs:>14}")
-    print("MiB/wkr: peak RSS over the RSS after loading, worst worker; "
-          "graph: DistGraph index state; epoch pk: worst one-epoch peak over "
-          "the RSS before it; floor: analytic activations (largest part); "
-          "N1/N: memory at N=1 over this row; stock/: stock PyG over this "
-          "row; CPU s / sys s: user + system / system CPU seconds of one "
-          "epoch, all workers together; sent: MiB one worker sent in an "
-          "epoch (most of any); K: busy processes beside it (--contention);"
-          " floor s: the model's unavoidable kernels at the largest part's "
-          "shapes (floor.py), ep/fl: epoch over it; /DGL: epoch over plain "
-          "DGL's at the same K; K/K0: epoch over its own at K=0 (the "
-          "contention slowdown); vs cmp: memory and time over the --compare "
-          "code at the same N. Shared 2-core machine: times are noisy, "
-          "compare ratios taken in one run.")
-
-
-def check_targets(rows: List[dict]) -> List[dict]:
-    checks = []
-
-    def add(name, value, limit, ok):
-        checks.append(dict(target=name, value=round(value, 3), limit=limit,
-                           ok=bool(ok)))
-
-    for model in ('sage', 'gat'):
-        one, four = _get(rows, model, 'pyg_sar', 1), \
-            _get(rows, model, 'pyg_sar', 4)
-        if one and four:
-            ratio = one['mem_mib'] / four['mem_mib']
-            add(f'{model}: memory N=1 / N=4 >= 3.5', ratio, 3.5,
-                ratio >= 3.5)
-            add(f'{model}: epoch N=4 <= N=1 (s)', four['epoch_s'],
-                round(one['epoch_s'], 2), four['epoch_s'] <= one['epoch_s'])
-    sage1, sage4 = _get(rows, 'sage', 'pyg_sar', 1), \
-        _get(rows, 'sage', 'pyg_sar', 4)
-    if sage1:
-        add('sage: N=1 MiB per worker <= 1334 (DGL)', sage1['mem_mib'], 1334,
-            sage1['mem_mib'] <= 1334)
-        add('sage: N=1 epoch <= 5.0 s (DGL, measured earlier)',
-            sage1['epoch_s'], 5.0, sage1['epoch_s'] <= 5.0)
-    if sage4:
-        add('sage: N=4 MiB per worker <= 390', sage4['mem_mib'], 390,
-            sage4['mem_mib'] <= 390)
-    # Issue #29: the floor, plain DGL, the contention slowdown, N=4 / N=1.
-    for model, floor_x, dgl_x in (('sage', 1.5, 0.7), ('gat', 2.0, 0.5)):
-        one, four = _get(rows, model, 'pyg_sar', 1), \
-            _get(rows, model, 'pyg_sar', 4)
-        dgl = _get(rows, model, 'DGL')
-        if one and one.get('floor_s'):
-            ratio = one['epoch_s'] / one['floor_s']
-            add(f'{model}: N=1 epoch / floor <= {floor_x}', ratio, floor_x,
-                ratio <= floor_x)
-        if one and dgl:
-            ratio = one['epoch_s'] / dgl['epoch_s']
-            add(f'{model}: N=1 epoch / DGL <= {dgl_x}', ratio, dgl_x,
-                ratio <= dgl_x)
-        if one and four:
-            ratio = four['epoch_s'] / one['epoch_s']
-            add(f'{model}: epoch N=4 / N=1 <= 1.1', ratio, 1.1, ratio <= 1.1)
-        levels = {r.get('contention', 0) for r in rows} - {0}
-        for k in sorted(levels):
-            ours, theirs = _get(rows, model, 'pyg_sar', 1, k), \
-                _get(rows, model, 'DGL', 1, k)
-            if one and dgl and ours and theirs:
-                mine = ours['epoch_s'] / one['epoch_s']
-                limit = round(theirs['epoch_s'] / dgl['epoch_s'], 2)
-                add(f'{model}: N=1 slowdown at K={k} <= DGL\'s', mine, limit,
-                    mine <= limit)
-    for c in checks:
-        print(f"{'PASS' if c['ok'] else 'FAIL'}  {c['target']}: "
-              f"{c['value']} (limit {c['limit']})")
-    return checks
-
-
-def exchange_bounds(rows: List[dict]) -> List[dict]:
-    """The epoch at the most workers over the epoch at one, on the METIS
-    partition and without any edge cut (``--no-cut``): how much of the
-    parallel epoch is the exchange, and how much the shared cores."""
-    bounds = []
-    for model in ('sage', 'gat'):
-        ns = sorted(r['workers'] for r in rows
-                    if r['model'] == model and r['name'] == NO_CUT)
-        if len(ns) < 2:
-            continue
-        ratio = {}
-        for name in ('pyg_sar', NO_CUT):
-            one, most = _get(rows, model, name, 1), \
-                _get(rows, model, name, ns[-1])
-            if one and most:
-                ratio[name] = most['epoch_s'] / one['epoch_s']
-        if len(ratio) == 2:
-            bounds.append(dict(model=model, workers=ns[-1],
-                               metis=round(ratio['pyg_sar'], 3),
-                               no_cut=round(ratio[NO_CUT], 3)))
-            print(f"BOUND {model}: epoch N={ns[-1]} / N=1: "
-                  f"{ratio['pyg_sar']:.2f} on the METIS partition, "
-                  f"{ratio[NO_CUT]:.2f} with no edge cut (no exchange)")
-    return bounds
-
-
-def plot(rows: List[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    models = sorted({r['model'] for r in rows})
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-    styles = {'pyg_sar': 'o-', 'pyg_sar (compare)': 's--', NO_CUT: '^:'}
-    for model, color in zip(models, ('tab:blue', 'tab:orange', 'tab:green')):
-        for name, style in styles.items():
-            sar = sorted((r for r in rows if r['model'] == model and
-                          r['name'] == name), key=lambda r: r['workers'])
-            if not sar:
-                continue
-            ns = [r['workers'] for r in sar]
-            label = f'{model} {name}'
-            axes[0].plot(ns, [r['mem_mib'] for r in sar], style, color=color,
-                         label=label)
-            axes[1].plot(ns, [r['epoch_s'] for r in sar], style, color=color,
-                         label=label)
-            if name == 'pyg_sar':
-                axes[0].plot(ns, [r['floor_mib'] for r in sar], ':',
-                             color=color, label=f'{model} activation floor')
-        stock = _get(rows, model, 'stock PyG')
-        if stock:
-            for ax, key in ((axes[0], 'mem_mib'), (axes[1], 'epoch_s')):
-                ax.axhline(stock[key], color=color, ls='-.', lw=1,
-                           label=f'{model} stock PyG')
-    axes[0].set(xlabel='workers', ylabel='MiB per worker (peak over loaded)',
-                title='memory', yscale='log')
-    axes[1].set(xlabel='workers', ylabel='seconds', title='median epoch')
-    for ax in axes[:2]:
-        ax.set_xticks([1, 2, 4])
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    _plot_breakdown(axes[2], rows)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-PARTS = ('dense', 'sparse', 'attention', 'exchange', 'elementwise',
-         'python_alloc')
-
-
-def _plot_breakdown(ax, rows: List[dict]) -> None:
-    """Stacked bars: the profiled epoch by category beside the floor (its
-    dense, sparse and attention kernels), pyg_sar at K=0, and DGL."""
-    bars = [r for r in rows if r['name'] == 'pyg_sar' and
-            r.get('contention', 0) == 0 and r.get('breakdown')]
-    colors = dict(dense='tab:blue', sparse='tab:orange', attention='tab:red',
-                  exchange='tab:purple', elementwise='tab:green',
-                  python_alloc='tab:gray')
-    labels, seen = [], set()
-    for i, r in enumerate(bars):
-        for j, (what, parts) in enumerate((('epoch', r['breakdown']),
-                                           ('floor', r['floor'] or {}))):
-            x, bottom = 2.6 * i + j, 0.0
-            for part in PARTS:
-                v = parts.get(part, 0.0)
-                if v:
-                    ax.bar(x, v, bottom=bottom, color=colors[part],
-                           label=None if part in seen else part)
-                    seen.add(part)
-                    bottom += v
-            labels.append((x, f"{r['model']} N={r['workers']}\n{what}"))
-        dgl = _get(rows, r['model'], 'DGL')
-        if dgl and r['workers'] == 1:
-            ax.plot([2.6 * i - 0.4, 2.6 * i + 1.4], [dgl['epoch_s']] * 2,
-                    'k--', lw=1, label=None if 'dgl' in seen else
-                    'plain DGL epoch')
-            seen.add('dgl')
-    if labels:
-        ax.set_xticks([x for x, _ in labels])
-        ax.set_xticklabels([t for _, t in labels], fontsize=6)
-        ax.legend(fontsize=7)
-    ax.set(ylabel='seconds', title='profiled epoch vs compute floor')
-    ax.grid(alpha=0.3, axis='y')
-
-
 def main(args: argparse.Namespace) -> None:
     if args.quick:
         args.epochs = 1
@@ -597,7 +371,8 @@ def main(args: argparse.Namespace) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--models', default='sage,gat')
+    parser.add_argument('--models', default='sage,gat',
+                        help='comma-separated, from %s' % (MODELS, ))
     parser.add_argument('--layers', type=int, default=3)
     parser.add_argument('--hidden', type=int, default=None,
                         help='default: 256 for sage, 128 (4 x 32) for gat')
@@ -633,6 +408,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         metavar='BYTES',
                         help="pyg_sar's per-chunk edge budget "
                         "(pyg_sar.comm.configure; default: the library's)")
+    parser.add_argument('--mode', choices=('sar', 'sa', 'one_shot'),
+                        default='sar', help="pyg_sar's execution mode")
+    parser.add_argument('--chunk-size', type=int, default=None,
+                        metavar='EDGES',
+                        help='also run pyg_sar at N=1 with '
+                        'DistGraph(chunk_size=EDGES)')
+    parser.add_argument('--pipeline-depth', type=int, default=None,
+                        help='ring rounds prefetched (pyg_sar.comm.configure;'
+                        ' default: the library\'s)')
     parser.add_argument('--no-floor', action='store_true',
                         help='skip the floor and profiler pass')
     parser.add_argument('--no-cut', action='store_true',

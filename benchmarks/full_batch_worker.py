@@ -22,7 +22,9 @@ Memory, per worker, from ``/proc/self/status``:
 Time: the median epoch after the first one (``epoch_s``), and its CPU
 time (user + system, ``cpu_s``; system alone ``sys_s``: page faults and
 the loopback transport) and its minor page faults (``minor_faults``).
-Bytes: what the worker sent in its last epoch (``sent_mib``).
+Bytes: what the worker sent in its last epoch (``sent_mib``), the halo
+bytes it received then, before the gradient all-reduce (``exchange_mib``),
+and their lower bound (``halo_bound_mib``, :func:`halo_bound_bytes`).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import os
 import resource
 import statistics
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from _common import reset_hwm, status_mib
 
@@ -44,12 +46,13 @@ BYTES = 4  # float32
 def layer_dims(model: str, in_channels: int, hidden: int, out_channels: int,
                layers: int, heads: int) -> List[dict]:
     """Input and output widths of each layer of :class:`pyg_sar.train.GNN`
-    (GAT: hidden layers concatenate ``heads`` heads of ``hidden // heads``
-    channels, the last layer averages ``heads`` heads of ``out_channels``)."""
+    (GAT and Transformer: hidden layers concatenate ``heads`` heads of
+    ``hidden // heads`` channels, the last layer averages ``heads`` heads of
+    ``out_channels``)."""
     dims, width = [], in_channels
     for layer in range(layers):
         last = layer == layers - 1
-        if model == 'gat':
+        if model in ('gat', 'transformer'):
             channels = out_channels if last else hidden // heads
             dims.append(dict(inp=width, heads=heads, channels=channels,
                              out=channels if last else heads * channels))
@@ -89,6 +92,40 @@ def floor_bytes(model: str, num_nodes: int, dims: List[dict]) -> int:
     return per_node * num_nodes * BYTES
 
 
+def halo_bound_bytes(graph, model: str, dims: List[dict]) -> Optional[int]:
+    r"""Lower bound of the halo bytes this worker receives in one training
+    epoch (``None`` for the models over whole neighborhoods).
+
+    A layer brings every halo source's exchanged row here once in forward,
+    and the rows' gradients go back once in backward; summed over the
+    workers the two directions are equal, so a layer counts
+    ``directions * graph.halo_bytes(width)``, with ``width`` what crosses
+    the wire:
+
+    * SAGE (:class:`pyg_sar.train.GNN` sets ``transform_first``): a layer
+      that does not widen its input exchanges ``lin_l(x)`` (its output
+      width; it needs a gradient: 2 directions); a widening one exchanges
+      its input, whose gradient the first layer does not need (the input
+      features: 1 direction).
+    * GAT exchanges the projected values ``W x`` (``heads * channels``) and
+      the source attention logits (``heads``), both with gradients. Its
+      messages are not linear in them, so ``"sar"`` mode fetches them again
+      in backward: expect about 1.5x this bound (1.0x in ``"sa"``).
+    """
+    if model not in ('sage', 'gat'):
+        return None
+    total = 0
+    for layer, d in enumerate(dims):
+        if model == 'gat':
+            width, directions = d['heads'] * d['channels'] + d['heads'], 2
+        elif d['inp'] >= d['out']:
+            width, directions = d['out'], 2
+        else:
+            width, directions = d['inp'], 1 if layer == 0 else 2
+        total += directions * graph.halo_bytes(width)
+    return total
+
+
 # Probes ######################################################################
 
 class _Peak:
@@ -123,19 +160,29 @@ def stock_model(model: str, dims: List[dict], dropout: float = 0.5):
     """The GNN's architecture with stock PyG convs, as a user writes it."""
     import torch
     import torch.nn.functional as F
-    from torch_geometric.nn import GATConv, SAGEConv
+    from torch_geometric.nn import (GATConv, GCNConv, GENConv, SAGEConv,
+                                    TransformerConv)
 
     class Stock(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.convs = torch.nn.ModuleList()
             for layer, d in enumerate(dims):
+                concat = layer < len(dims) - 1
                 if model == 'gat':
-                    self.convs.append(GATConv(
-                        d['inp'], d['channels'], heads=d['heads'],
-                        concat=layer < len(dims) - 1))
+                    conv = GATConv(d['inp'], d['channels'], heads=d['heads'],
+                                   concat=concat)
+                elif model == 'transformer':
+                    conv = TransformerConv(d['inp'], d['channels'],
+                                           heads=d['heads'], concat=concat)
+                elif model == 'gcn':
+                    conv = GCNConv(d['inp'], d['out'])
+                elif model == 'gen':
+                    conv = GENConv(d['inp'], d['out'], aggr='softmax',
+                                   learn_t=True)
                 else:
-                    self.convs.append(SAGEConv(d['inp'], d['out']))
+                    conv = SAGEConv(d['inp'], d['out'])
+                self.convs.append(conv)
 
         def forward(self, x, edge_index):
             for layer, conv in enumerate(self.convs):
@@ -194,11 +241,15 @@ def run_worker(args) -> None:
         if getattr(args, 'edge_memory_budget', None):
             pyg_sar.comm.configure(
                 edge_memory_budget=args.edge_memory_budget)
+        if getattr(args, 'pipeline_depth', None):
+            pyg_sar.comm.configure(pipeline_depth=args.pipeline_depth)
         part = pyg_sar.load_partition(args.parts, rank)
         num_classes = args.num_classes
         peak.start()
-        # The README's snippet, line by line.
-        graph = pyg_sar.DistGraph(part, mode='sar')
+        # The README's snippet, line by line (mode and chunks: the flags).
+        graph = pyg_sar.DistGraph(part, mode=getattr(args, 'mode', 'sar'),
+                                  chunk_size=getattr(args, 'chunk_size',
+                                                     None))
         rss_graph = status_mib('VmRSS')
         model = pyg_sar.nn.to_distributed(GNN(
             args.model, part.x.size(1), args.hidden, num_classes,
@@ -206,6 +257,7 @@ def run_worker(args) -> None:
         pyg_sar.sync_params(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         num_train = pyg_sar.global_count(part.train_mask)
+        halo = {}
 
         def epoch() -> None:
             optimizer.zero_grad()
@@ -214,6 +266,7 @@ def run_worker(args) -> None:
                                    part.y[part.train_mask],
                                    reduction='sum') / num_train
             loss.backward()
+            halo.update(pyg_sar.comm.comm_stats())  # before the all-reduce
             pyg_sar.all_reduce_grads(model)
             optimizer.step()
 
@@ -223,8 +276,10 @@ def run_worker(args) -> None:
         num_nodes = graph.num_nodes
         dims = layer_dims(args.model, part.x.size(1), args.hidden,
                           num_classes, args.layers, args.heads)
+        bound = halo_bound_bytes(graph, args.model, dims)
         info.update(local_edges=graph.num_edges,
-                    halo_nodes=graph.num_halo_nodes)
+                    halo_nodes=graph.num_halo_nodes,
+                    halo_bound_mib=bound / 2**20 if bound else None)
     model.train()
     times, epoch_peaks, cpu, sys_cpu, faults = [], [], [], [], []
     befores, files, files0 = [], [], status_mib('RssFile')
@@ -247,6 +302,7 @@ def run_worker(args) -> None:
         faults.append(after.ru_minflt - usage.ru_minflt)
         if args.impl == 'sar' and k == args.epochs:
             sent = pyg_sar.comm.comm_stats()['bytes_sent']
+            info['exchange_mib'] = halo['bytes_received'] / 2**20
         epoch_peaks.append(peak.fold() - before)
     peak.fold()
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

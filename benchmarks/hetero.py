@@ -23,8 +23,8 @@ distributed runs see identical inputs). All runs start from one
 loss of every N must equal stock PyG's to 1e-4 (relative), otherwise the
 script exits with status 1 after writing its results.
 
-Every configuration runs in fresh processes (gloo on 127.0.0.1, launched by
-``full_batch_legacy._launch``). Per worker it measures, as ``full_batch.py`` does,
+Every configuration runs in fresh processes (gloo on 127.0.0.1,
+``_common.launch_workers``). Per worker it measures
   * the peak-RSS delta of one training epoch (forward + backward + step):
     ``ru_maxrss`` after the first epoch minus ``ru_maxrss`` right before it,
     and the epoch's ``VmHWM`` over the RSS before it (where the kernel lets
@@ -53,14 +53,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
-import full_batch_legacy as fb  # noqa: E402  (torch-free at import: driver stays small)
 from _common import (add_internal_args, finish_worker,  # noqa: E402
-                     init_worker, measure_epochs, run_script, status_mib,
-                     write_results)
+                     init_worker, launch_workers, measure_epochs,
+                     run_script, status_mib, write_results)
 
 LABELLED = 'paper'
 LOSS_RTOL = 1e-4
@@ -166,7 +165,7 @@ def worker(args: argparse.Namespace) -> None:
     losses = comm.all_reduce(torch.tensor(losses, dtype=torch.float64))
     result = dict(
         rank=rank, world_size=world_size, impl=args.impl, model='sage',
-        chunk_size=None, mode=args.mode, threads=torch.get_num_threads(),
+        mode=args.mode, threads=torch.get_num_threads(),
         rss_start_mib=rss_start, **measured, losses=losses.tolist(),
         **info)
     finish_worker(result, args.result)
@@ -250,6 +249,44 @@ def _prepare(args: argparse.Namespace, work: str,
 
 # Report ######################################################################
 
+def _fmt_mib(v: Optional[float]) -> str:
+    return '-' if v is None else f'{v:,.0f}'
+
+
+def _fmt_bytes(v: Optional[float]) -> str:
+    return '-' if not v else f'{v / 2**20:,.1f}'
+
+
+def summarize(name: str, results: List[dict]) -> dict:
+    """One row of the table from the workers' results: the worst worker's
+    memory and time, the bytes of all workers."""
+    r0 = results[0]
+    peaks = [r['epoch_peak_over_rss_mib'] for r in results]
+    row = dict(
+        name=name, impl=r0['impl'], model=r0['model'],
+        workers=r0['world_size'],
+        mem_delta_mib=max(r['mem_delta_mib'] for r in results),
+        mem_delta_per_rank_mib=[round(r['mem_delta_mib'], 1)
+                                for r in results],
+        epoch_peak_over_rss_mib=(max(peaks) if None not in peaks else None),
+        rss_before_mib=max(r['rss_before_mib'] for r in results),
+        maxrss_after_mib=max(r['maxrss_after_mib'] for r in results),
+        epoch_s=max(r['epoch_s'] for r in results),
+        first_epoch_s=max(r['first_epoch_s'] for r in results),
+        exchange_bytes=sum(r['exchange_bytes_received'] for r in results),
+        total_bytes=sum(r['bytes_received'] for r in results),
+        halo_bound_bytes=(sum(r['halo_bound_bytes'] for r in results)
+                          if r0.get('halo_bound_bytes') is not None
+                          else None),
+        halo_nodes=(sum(r['num_halo_nodes'] for r in results)
+                    if 'num_halo_nodes' in r0 else None),
+        per_rank=results)
+    bound = row['halo_bound_bytes']
+    row['bytes_over_bound'] = (row['exchange_bytes'] / bound
+                               if bound else None)
+    return row
+
+
 def loss_check(rows: List[dict]) -> List[dict]:
     """First-epoch loss (and the largest difference over all epochs) of
     every pyg_sar run against stock PyG's."""
@@ -280,13 +317,13 @@ def print_table(rows: List[dict]) -> None:
         mem_one = '-' if r['impl'] == 'pyg' else \
             f"{one['mem_delta_mib'] / r['mem_delta_mib']:.2f}x"
         print(f"{r['name']:<16}{r['workers']:>3}"
-              f"{fb._fmt_mib(r['mem_delta_mib']):>9}"
-              f"{fb._fmt_mib(r['epoch_peak_over_rss_mib']):>10}"
+              f"{_fmt_mib(r['mem_delta_mib']):>9}"
+              f"{_fmt_mib(r['epoch_peak_over_rss_mib']):>10}"
               f"{r['mem_delta_mib'] / stock['mem_delta_mib']:>7.2f}x"
               f"{mem_one:>8}{r['epoch_s']:>9.2f}"
               f"{r['epoch_s'] / stock['epoch_s']:>7.2f}x"
-              f"{fb._fmt_bytes(r['exchange_bytes']):>10}"
-              f"{fb._fmt_bytes(r['total_bytes']):>9}{ratio:>8}"
+              f"{_fmt_bytes(r['exchange_bytes']):>10}"
+              f"{_fmt_bytes(r['total_bytes']):>9}{ratio:>8}"
               f"{r['losses'][0]:>10.6f}")
     print('mem: worst worker, ru_maxrss after epoch 1 - before it; epoch pk: '
           'VmHWM over VmRSS before the epoch; vs PyG: over stock PyG; vs '
@@ -356,16 +393,21 @@ def main(args: argparse.Namespace) -> int:
         rows = []
         for name, n, extra in configs:
             start = time.perf_counter()
-            results = fb._launch([*common, *extra], n, work,
-                                 args.timeout * 4, args.malloc_mmap_threshold,
-                                 script=osp.abspath(__file__))
-            row = fb._summarize(name, results)
+            # A fixed threshold turns off glibc's dynamic one, which after
+            # the first large free serves blocks up to 32 MiB from the heap,
+            # whose freed pages stay resident (RSS above live tensors).
+            env = ({'MALLOC_MMAP_THRESHOLD_': str(args.malloc_mmap_threshold)}
+                   if args.malloc_mmap_threshold else {})
+            results = launch_workers(osp.abspath(__file__),
+                                     [*common, *extra], n, work,
+                                     args.timeout * 4, env)
+            row = summarize(name, results)
             row['losses'] = results[0]['losses']
             rows.append(row)
             print(f"[{time.perf_counter() - start:6.1f}s] {name} N={n}: "
                   f"mem {row['mem_delta_mib']:,.0f} MiB, epoch "
                   f"{row['epoch_s']:.2f}s, exchange "
-                  f"{fb._fmt_bytes(row['exchange_bytes'])} MiB, loss "
+                  f"{_fmt_bytes(row['exchange_bytes'])} MiB, loss "
                   f"{row['losses'][0]:.6f}", flush=True)
         graph = prep['graph']
         print()

@@ -4,7 +4,8 @@ Build with ``python -m sphinx -W --keep-going -b html docs docs/_build/html``
 (``make -C docs html``). Everything is generated from the installed package:
 the API reference from its docstrings, the conversion cheatsheet from
 :mod:`pyg_sar.nn.convert` and the command-line reference from
-:func:`pyg_sar.cli.build_parser` (the extensions in ``docs/_ext``).
+:func:`pyg_sar.cli.build_parser` (the extensions in ``docs/_ext``); the
+examples' output comes from ``docs/_generated``, written by running them.
 """
 import datetime
 import os
@@ -38,6 +39,7 @@ extensions = [
     'pyg_sar_cheatsheet',
     'pyg_sar_cli',
     'pyg_sar_results',
+    'pyg_sar_runs',
 ]
 
 exclude_patterns = ['_build', 'Thumbs.db', '.DS_Store']

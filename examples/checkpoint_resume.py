@@ -1,7 +1,7 @@
 """Checkpoints: save every few epochs, resume from the newest after a stop.
 
     torchrun --nproc-per-node 2 examples/checkpoint_resume.py --root data \
-        --checkpoint-dir ckpt --epochs 30
+        --checkpoint-dir ckpt --epochs 10
 
 Run the same command again after a crash, a kill or ``--stop-after K`` and
 it resumes from the newest valid checkpoint; with ``torchrun

@@ -23,10 +23,12 @@ def argument_parser(description: str, hidden: int, lr: float
                     ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument('--root', default='data',
-                        help='dataset root (Cora is downloaded to ROOT/Cora)')
+                        help='writable data folder: Cora in ROOT/Cora '
+                        '(downloaded when absent), its partitions in '
+                        'ROOT/parts')
     parser.add_argument('--parts', default=None,
                         help='partition directory (default: '
-                        'ROOT/partitions/Cora-<world size>)')
+                        'ROOT/parts/Cora-<world size>)')
     parser.add_argument('--hidden', type=int, default=hidden)
     parser.add_argument('--epochs', type=int, default=100)
     parser.add_argument('--lr', type=float, default=lr)
@@ -53,8 +55,7 @@ def load_shard(args: argparse.Namespace, chunk_size=None) -> CoraShard:
     """Joins the workers, lets rank 0 partition Cora into ``args.parts``
     when it is missing (the others wait), and loads this worker's part."""
     rank, world_size = pyg_sar.init_distributed()
-    parts = args.parts or osp.join(args.root, 'partitions',
-                                   f'Cora-{world_size}')
+    parts = args.parts or osp.join(args.root, 'parts', f'Cora-{world_size}')
     if rank == 0 and not osp.exists(osp.join(parts, 'META.json')):
         data = pyg_sar.datasets.load('Cora', args.root)
         manifest = pyg_sar.partition_graph(data, world_size, parts,

@@ -3,9 +3,9 @@
     torchrun --nproc-per-node 2 examples/full_batch_gat.py --root data
     python examples/full_batch_gat.py --root data              # one worker
 
-Rank 0 downloads Cora (unless present under ``--root``) and partitions it into
-``--parts`` (one part per worker) if that directory is missing; the other
-ranks wait at a barrier. Every worker then trains on its own part with
+Rank 0 downloads Cora into ``ROOT/Cora`` (unless present) and partitions it
+into ``ROOT/parts/Cora-N`` (``--parts``; one part per worker) if that
+directory is missing; the other ranks wait at a barrier. Every worker then trains on its own part with
 ``pyg_sar.nn.GATConv``: the attention softmax over each node's in-edges runs
 online across the blocks of edges from every worker (a running max and sum
 per node and head), so no ``[E, heads]`` attention matrix is kept; with

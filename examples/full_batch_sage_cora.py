@@ -3,9 +3,9 @@
     torchrun --nproc-per-node 2 examples/full_batch_sage_cora.py --root data
     python examples/full_batch_sage_cora.py --root data        # one worker
 
-Rank 0 downloads Cora (unless present under ``--root``) and partitions it into
-``--parts`` (one part per worker) if that directory is missing; the other
-ranks wait at a barrier. Every worker then trains on its own part: the
+Rank 0 downloads Cora into ``ROOT/Cora`` (unless present) and partitions it
+into ``ROOT/parts/Cora-N`` (``--parts``; one part per worker) if that
+directory is missing; the other ranks wait at a barrier. Every worker then trains on its own part: the
 2-layer SAGE model is written with ``pyg_sar.nn.SAGEConv``, whose
 ``forward(x, graph)`` exchanges halo features with the other workers.
 """

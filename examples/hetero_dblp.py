@@ -1,13 +1,14 @@
 """Full-batch heterogeneous training on DBLP over workers: R-GCN or a
 ``to_hetero`` GraphSAGE, next to the same model on one process.
 
-    torchrun --nproc-per-node 2 examples/hetero_dblp.py --root /tmp/data --model rgcn --compare
-    torchrun --nproc-per-node 2 examples/hetero_dblp.py --root /tmp/data --model sage --compare
+    torchrun --nproc-per-node 2 examples/hetero_dblp.py --root data --model rgcn --compare
+    torchrun --nproc-per-node 2 examples/hetero_dblp.py --root data --model sage --compare
 
-``--root`` is a writable folder holding a copy of ``DBLP`` (e.g. of
-``../shared/data``: ``pyg_sar.datasets.load('DBLP', root)`` reads
-``root/DBLP``). Rank 0 partitions the graph on first use; every
-worker then trains on its own part and classifies authors (4 classes):
+``--root`` is a writable folder: DBLP in ``ROOT/DBLP`` (downloaded when
+absent), its partitions in ``ROOT/parts`` (``DBLP-N`` for ``sage``,
+``DBLP-homogeneous-N`` for ``rgcn``). Rank 0 partitions the graph on first
+use; every worker then trains on its own part and classifies authors (4
+classes):
 
 * ``sage``: a stock two-layer GraphSAGE made heterogeneous by
   ``torch_geometric.nn.to_hetero`` (one SAGEConv per relation, summed), then
@@ -150,13 +151,14 @@ def accuracy(task: Task, model, count, total):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--root', required=True,
-                        help='writable folder holding a copy of DBLP/')
+    parser.add_argument('--root', default='data',
+                        help='writable data folder: DBLP in ROOT/DBLP, its '
+                        'partitions in ROOT/parts')
     parser.add_argument('--model', choices=('rgcn', 'sage'), default='rgcn')
     parser.add_argument('--parts', default=None)
     parser.add_argument('--mode', default='sar',
                         choices=('sar', 'sa', 'one_shot'))
-    parser.add_argument('--epochs', type=int, default=50)
+    parser.add_argument('--epochs', type=int, default=20)
     parser.add_argument('--hidden', type=int, default=32)
     parser.add_argument('--lr', type=float, default=0.01)
     parser.add_argument('--seed', type=int, default=0)
@@ -164,8 +166,9 @@ def main() -> None:
     args = parser.parse_args()
 
     rank, world_size = pyg_sar.init_distributed()
-    parts = args.parts or osp.join(args.root, 'partitions',
-                                   f'{args.model}-{world_size}')
+    graph_name = 'DBLP' if args.model == 'sage' else 'DBLP-homogeneous'
+    parts = args.parts or osp.join(args.root, 'parts',
+                                   f'{graph_name}-{world_size}')
     full = None
     if rank == 0:
         full = load(args.root, args.model)

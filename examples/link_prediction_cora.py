@@ -14,10 +14,11 @@ dot product, fetching the embeddings of endpoints that live elsewhere
 the same seeds and prints both runs' losses and AUCs side by side.
 
 Both runs encode validation and test pairs with the training graph's edges.
-The loss curves start equal to float rounding (about 1e-7) and drift apart
-slowly as Adam amplifies rounding (2 workers, 100 epochs: at most 2e-5 apart,
-val AUC 0.9090 both, test AUC 0.9129 vs 0.9130; 3 workers: 2e-4, 0.9092 and
-0.9133).
+The loss curves start equal to float rounding and drift apart slowly as Adam
+amplifies the rounding.
+
+``--root`` is a writable folder: Cora in ``ROOT/Cora`` (downloaded when
+absent), the partition of the training graph in ``ROOT/parts/Cora-links-N``.
 """
 import pyg_sar  # first: its OpenMP policy must be set before torch loads
 
@@ -92,7 +93,7 @@ def distributed_auc(model, x, graph, split_data) -> float:
 
 def train_distributed(args, train_data, val_data, test_data):
     rank, world_size = pyg_sar.init_distributed()
-    parts = args.parts or osp.join(args.root, 'partitions',
+    parts = args.parts or osp.join(args.root, 'parts',
                                    f'Cora-links-{world_size}')
     if rank == 0 and not osp.exists(osp.join(parts, 'META.json')):
         graph_data = train_data.clone()
@@ -173,8 +174,12 @@ def train_single(args, train_data, val_data, test_data):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--root', default='data')
-    parser.add_argument('--parts', default=None)
+    parser.add_argument('--root', default='data',
+                        help='writable data folder: Cora in ROOT/Cora, the '
+                        'partitions in ROOT/parts')
+    parser.add_argument('--parts', default=None,
+                        help='partition directory (default: '
+                        'ROOT/parts/Cora-links-<world size>)')
     parser.add_argument('--epochs', type=int, default=100)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--compare', action='store_true',

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 examples/quickstart.py --root data
 
 ``--root`` is a writable folder: Cora is read from ``ROOT/Cora`` (PyG
-downloads it there when absent) and partitioned into ``ROOT/parts``.
+downloads it there when absent) and partitioned into ``ROOT/parts/Cora-N``.
 """
 import pyg_sar  # first: its OpenMP policy must be set before torch loads
 
@@ -17,7 +17,9 @@ from pyg_sar import comm
 from pyg_sar.train import distributed_loss, evaluate
 
 parser = argparse.ArgumentParser(description='pyg_sar quickstart')
-parser.add_argument('--root', default='data')
+parser.add_argument('--root', default='data',
+                    help='writable data folder: Cora in ROOT/Cora, its '
+                    'partitions in ROOT/parts')
 parser.add_argument('--epochs', type=int, default=100)
 parser.add_argument('--dropout', type=float, default=0.5)
 args = parser.parse_args()

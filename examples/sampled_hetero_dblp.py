@@ -8,12 +8,12 @@ gradients are summed with :func:`pyg_sar.all_reduce_grads`. The test
 accuracy is computed on batches taking every neighbor (``-1`` fanouts), so
 every test author's prediction is that of the whole 2-hop neighborhood.
 
-    torchrun --nproc-per-node 2 examples/sampled_hetero_dblp.py \
-        --data-root data
+    torchrun --nproc-per-node 2 examples/sampled_hetero_dblp.py --root data
 
-Rank 0 partitions DBLP (from ``<data-root>/DBLP``) into ``--parts``
-(default ``<data-root>/parts/DBLP-hetero-<N>``) when that folder holds no
-partition yet; the other ranks wait at a barrier. Conferences have no
+``--root`` is a writable folder: DBLP in ``ROOT/DBLP`` (downloaded when
+absent). Rank 0 partitions it into ``--parts`` (default
+``ROOT/parts/DBLP-<N>``) when that folder holds no partition yet; the other
+ranks wait at a barrier. Conferences have no
 features in DBLP: they get a constant one. Without torchrun it runs as one
 process.
 """
@@ -55,8 +55,9 @@ class GraphSAGE(torch.nn.Module):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--data-root', default='data',
-                        help='folder holding DBLP/')
+    parser.add_argument('--root', default='data',
+                        help='writable data folder: DBLP in ROOT/DBLP, its '
+                        'partitions in ROOT/parts')
     parser.add_argument('--parts', default=None,
                         help='partition folder (created when absent)')
     parser.add_argument('--epochs', type=int, default=10)
@@ -72,11 +73,9 @@ def parse_args() -> argparse.Namespace:
 def ensure_partition(args, world_size: int) -> str:
     """Partitions DBLP on rank 0 unless already done; all ranks return the
     partition folder after a barrier."""
-    parts = args.parts or osp.join(args.data_root, 'parts',
-                                   f'DBLP-hetero-{world_size}')
-    if comm.get_rank() == 0 and not osp.exists(osp.join(parts,
-                                                        'pyg_sar.json')):
-        data = pyg_sar.datasets.load('DBLP', args.data_root)
+    parts = args.parts or osp.join(args.root, 'parts', f'DBLP-{world_size}')
+    if comm.get_rank() == 0 and not osp.exists(osp.join(parts, 'META.json')):
+        data = pyg_sar.datasets.load('DBLP', args.root)
         for node_type in data.node_types:  # conferences: no features
             if 'x' not in data[node_type]:
                 data[node_type].x = torch.ones(data[node_type].num_nodes, 1)

@@ -9,8 +9,9 @@ with no per-layer sampling.
     torchrun --nproc-per-node 2 examples/sampling_train_full_infer.py \
         --dataset Cora --root data
 
-Rank 0 partitions the dataset into ``--parts`` (default
-``<root>/parts/<dataset>-<N>``) when that folder holds no partition yet; the
+``--root`` is a writable folder: the dataset in ``ROOT/<dataset>``
+(downloaded when absent). Rank 0 partitions it into ``--parts`` (default
+``ROOT/parts/<dataset>-<N>``) when that folder holds no partition yet; the
 other ranks wait at a barrier. Without torchrun it runs as one process.
 """
 import pyg_sar  # first: its OpenMP policy must be set before torch loads
@@ -48,7 +49,9 @@ class GraphSAGE(torch.nn.Module):
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--dataset', default='Cora')
-    parser.add_argument('--root', default='data', help='dataset root')
+    parser.add_argument('--root', default='data',
+                        help='writable data folder: the dataset in '
+                        'ROOT/<dataset>, its partitions in ROOT/parts')
     parser.add_argument('--parts', default=None,
                         help='partition folder (created when absent)')
     parser.add_argument('--epochs', type=int, default=20)
@@ -66,8 +69,7 @@ def ensure_partition(args, world_size: int) -> str:
     return the partition folder after a barrier."""
     parts = args.parts or osp.join(args.root, 'parts',
                                    f'{args.dataset}-{world_size}')
-    manifest = osp.join(parts, 'pyg_sar.json')
-    if comm.get_rank() == 0 and not osp.exists(manifest):
+    if comm.get_rank() == 0 and not osp.exists(osp.join(parts, 'META.json')):
         data = pyg_sar.datasets.load(args.dataset, args.root,
                                      seed=args.seed)
         pyg_sar.partition_graph(data, world_size, parts, seed=args.seed)

@@ -9,6 +9,7 @@ import importlib
 import inspect
 import os
 import os.path as osp
+import re
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,58 @@ def test_cheatsheet_lists_every_conv_and_norm(site):
         assert f'torch_geometric.nn.norm.{name}.html' in text, name
     for reason in set(REFUSAL_REASONS.values()):
         assert reason in text, reason
+
+
+# The README's layer bullets, by their opening words: the cheatsheet key
+# (docs/_ext/pyg_sar_cheatsheet.py) each stands for, and whether it names
+# every class on that path or a few.
+README_BULLETS = {
+    'on the SAR engine': ('engine', 'every'),
+    'over whole neighborhoods': ('neighborhoods', 'some'),
+    'distributed layers of their own': ('dedicated', 'every'),
+    'containers whose inner layers convert': ('containers', 'every'),
+    'plus the normalizations over all nodes': ('statistics', 'every'),
+}
+
+
+def _cheatsheet():
+    sys.path.insert(0, osp.join(DOCS, '_ext'))
+    try:
+        return importlib.import_module('pyg_sar_cheatsheet')
+    finally:
+        sys.path.remove(osp.join(DOCS, '_ext'))
+
+
+def test_readme_layers_agree_with_the_conversion_code():
+    """The README is Markdown, outside the docs build: its counts and layer
+    lists are checked against the classification the cheatsheet and the
+    tutorials are generated from."""
+    sheet = _cheatsheet()
+    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        section = f.read().split('\n## Layers\n')[1].split('\n## ')[0]
+    section = ' '.join(section.split())  # one line: bullets wrap
+    converted, total = map(int, re.search(r'\*\*(\d+) of the (\d+)',
+                                          section).groups())
+    assert converted == len(sheet.layers('converted'))
+    assert total == len(sheet.layers('convolutions'))
+    refused = int(re.search(r'The other (\d+)', section).group(1))
+    assert refused == len(sheet.layers('refused'))
+    known = {name for key in sheet.KEYS for name in sheet.layers(key)}
+    bullets = section.split(' - ')[1:]
+    bullets[-1] = bullets[-1].split(' The other ')[0]
+    assert len(bullets) == len(README_BULLETS), bullets
+    for bullet in bullets:
+        opening = next((o for o in README_BULLETS if bullet.startswith(o)),
+                       None)
+        assert opening, f'README bullet of no known path: {bullet[:60]}'
+        key, how = README_BULLETS[opening]
+        named = [n for n in re.findall(r'`([\w.]+)`', bullet) if n in known]
+        path = sheet.layers(key)
+        assert set(named) <= set(path), \
+            f'README lists {set(named) - set(path)} under {opening!r}'
+        if how == 'every':
+            assert set(named) == set(path), \
+                f'README leaves {set(path) - set(named)} out of {opening!r}'
 
 
 def test_cli_page_lists_every_option(site):

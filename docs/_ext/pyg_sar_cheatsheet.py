@@ -9,12 +9,20 @@ The classification reads the same registries, in the same order, as
 ``_COMPOSITE`` included: they have no public view), so the table cannot
 drift from what ``to_distributed`` does; a class it cannot place stops the
 build.
+
+Prose takes its counts and lists of layers from the same classification,
+so no page states a number the code does not: ``:pyg-sar-count:`KEY```
+renders how many classes take a path and ``:pyg-sar-layers:`KEY``` names
+them all, or ``:pyg-sar-layers:`KEY: A, B``` names a few and stops the
+build if one of them takes another path. The keys are in :data:`KEYS`.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import inspect
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch_geometric.nn as pyg_nn
 import torch_geometric.nn.conv as pyg_conv
@@ -78,6 +86,26 @@ def _public_subclass(module, stock: type) -> Optional[str]:
     return None
 
 
+def twin_class(row: Row) -> type:
+    module, _, name = row.target.rpartition('.')
+    return getattr(importlib.import_module(module), name)
+
+
+def engine_kind(row: Row) -> str:
+    """How the engine aggregates a twin's messages, from the twin's own
+    declarations (``attention``, ``linear_message``: the attributes the
+    engine reads to pick its path)."""
+    twin = twin_class(row)
+    if twin.attention:
+        return 'attention path: an online softmax over every in-edge'
+    if twin.linear_message:
+        kind = 'linear path: sparse products'
+        if 'aggr' in inspect.signature(row.stock.__init__).parameters:
+            kind += ' for sum and mean, per-edge messages for max and min'
+        return kind
+    return 'per-edge messages'
+
+
 def _required_target(module, stock: type, path: str) -> str:
     target = _public_subclass(module, stock)
     if target is None:
@@ -92,8 +120,10 @@ def classify(stock: type) -> Row:
     the order of ``pyg_sar.nn.convert._convert_one``."""
     name = stock.__name__
     if stock in convert._TWINS:
-        return Row(stock, ENGINE, _required_target(sar_conv, stock, ENGINE),
-                   GCN_NORM if stock in NORMALIZED else '')
+        row = Row(stock, ENGINE, _required_target(sar_conv, stock, ENGINE))
+        row.note = '; '.join([engine_kind(row)] + (
+            [GCN_NORM] if stock in NORMALIZED else []))
+        return row
     if stock in sar_norm.NORM_CONVERTERS:
         return Row(stock, STATISTICS,
                    _required_target(sar_norm, stock, STATISTICS))
@@ -143,6 +173,93 @@ def _rows(kind: str) -> Tuple[List[Row], str]:
     return [classify(c) for c in classes], what
 
 
+@functools.lru_cache(maxsize=None)
+def _all_rows(kind: str) -> Tuple[Row, ...]:
+    return tuple(_rows(kind)[0])
+
+
+def _on(path: str, kinds=('convolutions', )) -> Callable[[], List[Row]]:
+    return lambda: [r for k in kinds for r in _all_rows(k) if r.path == path]
+
+
+def _engine(word: str) -> Callable[[], List[Row]]:
+    return lambda: [r for r in _on(ENGINE)()
+                    if engine_kind(r).startswith(word)]
+
+
+# The keys of :pyg-sar-count: and :pyg-sar-layers:, each the rows (stock
+# classes) it stands for.
+KEYS: Dict[str, Callable[[], List[Row]]] = {
+    'engine': _on(ENGINE),
+    'engine-linear': _engine('linear'),
+    'engine-attention': _engine('attention'),
+    'neighborhoods': _on(NEIGHBORHOODS),
+    'dedicated': _on(DEDICATED),
+    'containers': _on(INNER),
+    'statistics': _on(STATISTICS, ('norms', 'torch')),
+    'refused': _on(REFUSED),
+    'converted': lambda: [r for r in _all_rows('convolutions')
+                          if r.path in (ENGINE, NEIGHBORHOODS, DEDICATED,
+                                        INNER)],
+    'convolutions': lambda: [r for r in _all_rows('convolutions')
+                             if r.path != BASE],
+}
+
+
+def display_name(stock: type) -> str:
+    """``GCNConv``; a ``torch.nn`` module with its package."""
+    if stock.__module__.startswith('torch_geometric.'):
+        return stock.__name__
+    return f'torch.nn.{stock.__name__}'
+
+
+def layers(key: str) -> List[str]:
+    """The names of the classes on ``key`` (see :data:`KEYS`), in table
+    order."""
+    if key not in KEYS:
+        raise KeyError(f'unknown key {key!r} (one of {sorted(KEYS)})')
+    return [display_name(r.stock) for r in KEYS[key]()]
+
+
+def _count_role(name, rawtext, text, lineno, inliner, options=None,
+                content=None):
+    key = text.strip()
+    if key not in KEYS:
+        msg = inliner.reporter.error(
+            f'pyg-sar-count: unknown key {key!r} (one of {sorted(KEYS)})',
+            line=lineno)
+        return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+    return [nodes.Text(str(len(KEYS[key]())))], []
+
+
+def _layers_role(name, rawtext, text, lineno, inliner, options=None,
+                 content=None):
+    key, _, wanted = text.partition(':')
+    key = key.strip()
+    if key not in KEYS:
+        msg = inliner.reporter.error(
+            f'pyg-sar-layers: unknown key {key!r} (one of {sorted(KEYS)})',
+            line=lineno)
+        return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+    names = layers(key)
+    if wanted.strip():
+        chosen = [w.strip() for w in wanted.split(',') if w.strip()]
+        stray = [w for w in chosen if w not in names]
+        if stray:
+            msg = inliner.reporter.error(
+                f'pyg-sar-layers: {", ".join(stray)} not on the path '
+                f'{key!r} (it has {", ".join(names)})', line=lineno)
+            return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+        names = chosen
+    out: List[nodes.Node] = []
+    for k, n in enumerate(names):
+        if k:
+            out.append(nodes.Text(' and ' if k == len(names) - 1 and
+                                  not wanted.strip() else ', '))
+        out.append(nodes.literal(n, n))
+    return out, []
+
+
 def _stock_link(stock: type) -> str:
     """The stock class, linked to its page in PyG's (torch's) docs."""
     if stock.__module__.startswith('torch_geometric.'):
@@ -184,5 +301,7 @@ class CheatsheetDirective(SphinxDirective):
 
 def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_directive('pyg-sar-cheatsheet', CheatsheetDirective)
+    app.add_role('pyg-sar-count', _count_role)
+    app.add_role('pyg-sar-layers', _layers_role)
     return {'version': '1.0', 'parallel_read_safe': True,
             'parallel_write_safe': True}
