@@ -25,7 +25,7 @@ import torch
 import pyg_sar
 from pyg_sar import checkpoint, datasets
 from pyg_sar.comm import find_free_port
-from pyg_sar.train import checkpoint_io
+from pyg_sar.train import checkpoint_format, checkpoint_io
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -202,7 +202,7 @@ def test_crafted_metadata_with_a_valid_hash_is_still_refused(tmp_path):
     size, digest = file_digest(osp.join(path, '.metadata'))
     meta['files']['.metadata'] = {'bytes': size, HASH_ALGORITHM: digest}
     with open(meta_file, 'w') as f:
-        f.write(checkpoint._seal(meta))
+        f.write(checkpoint_format.seal(meta))
     model, optimizer = _model()
     info = checkpoint.resume(directory, model, optimizer)
     assert not marker.exists(), 'unpickling .metadata ran code'

@@ -7,7 +7,8 @@
 ``torch.distributed.checkpoint`` (its replicated tensors stored by
 :mod:`~pyg_sar.train.checkpoint_io`, which trusts nothing it reads back),
 verifies them against the hashes they record and falls back to the newest
-intact one;
+intact one (the on-disk format: :mod:`~pyg_sar.train.checkpoint_format`; the
+checks before loading: :mod:`~pyg_sar.train.checkpoint_inspect`);
 :mod:`~pyg_sar.train.run_log` writes the per-epoch metrics and curves of a
 run; :mod:`~pyg_sar.train.files` holds the atomic writes, content hashes and
 output-path checks they share.

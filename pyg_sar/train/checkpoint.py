@@ -1,7 +1,8 @@
 """Training checkpoints: save on every rank, resume exactly where it stopped,
 or from the newest checkpoint that is intact.
 
-A checkpoint is a directory ``DIR/epoch-<K>``::
+A checkpoint is a directory ``DIR/epoch-<K>`` (its format and manifest:
+:mod:`pyg_sar.train.checkpoint_format`)::
 
     epoch-7/
       .metadata, __0_0.distcp, ...   model and optimizer tensors (DCP)
@@ -13,6 +14,11 @@ A checkpoint is a directory ``DIR/epoch-<K>``::
                                      size and SHA-256 of every other file,
                                      and a checksum of itself (rank 0,
                                      last)
+
+Nothing read back is trusted: every rank checks a checkpoint before
+anything of it is loaded (:mod:`pyg_sar.train.checkpoint_inspect`). One
+that fails is a :class:`CorruptCheckpointError`; :func:`resume` sets it
+aside as ``epoch-<K>.corrupt`` and resumes from the newest one that passes.
 
 **Storage.** Parameters of a full-batch model are replicated: every rank
 holds the same weights and, after :func:`pyg_sar.all_reduce_grads`, the same
@@ -40,16 +46,6 @@ ignores and the next save of that epoch removes. With ``keep_last`` the
 older checkpoints beyond the newest ``keep_last`` are deleted once the new
 one is complete.
 
-**Trust.** Nothing read back is trusted. Before anything is loaded, every
-rank checks ``meta.json`` against its checksum and every file it will read
-against the size and hash ``meta.json`` records; DCP's ``.metadata`` is
-unpickled with an allowlist of the format's own classes
-(:mod:`pyg_sar.train.checkpoint_io`) and the per-rank files with
-``weights_only=True``. A checkpoint that fails is a
-:class:`CorruptCheckpointError`; :func:`resume` then sets it aside as
-``epoch-<K>.corrupt``, says so in one line, and resumes from the newest
-checkpoint that passes, all ranks agreeing on which.
-
 **RNG.** Python's ``random``, NumPy's legacy global generator, torch's CPU
 generator and every CUDA device generator (when CUDA is available) are saved
 and restored per rank. The SAR engine draws its attention-dropout seeds from
@@ -64,7 +60,6 @@ import json
 import os
 import os.path as osp
 import random
-import re
 import shutil
 import sys
 import time
@@ -75,34 +70,20 @@ from torch import Tensor
 
 from pyg_sar import comm
 from pyg_sar.train import checkpoint_io
-from pyg_sar.train.files import (HASH_ALGORITHM, bytes_digest, file_digest,
-                                 fsync_dir, hash_tree, write_atomically,
+from pyg_sar.train.checkpoint_format import (CORRUPT_SUFFIX, FORMAT_VERSION,
+                                             META_FILE, MODEL_PREFIX,
+                                             OPTIMIZER_PREFIX,
+                                             CorruptCheckpointError,
+                                             checkpoint_path, epoch_of,
+                                             is_trash, seal, tmp_path,
+                                             trash_path)
+from pyg_sar.train.checkpoint_inspect import agree, inspect_everywhere
+from pyg_sar.train.files import (fsync_dir, hash_tree, write_atomically,
                                  write_text_atomically)
 
 __all__ = ['save', 'load', 'resume', 'latest', 'checkpoints', 'rng_state',
            'set_rng_state', 'save_weights', 'CorruptCheckpointError',
            'FORMAT_VERSION']
-
-# 2: meta.json records the hash of every file and a checksum of itself.
-FORMAT_VERSION = 2
-META_FILE = 'meta.json'
-CORRUPT_SUFFIX = '.corrupt'
-_NAME = re.compile(r'^epoch-(\d+)$')
-_TRASH = re.compile(r'^\.epoch-\d+\.old$')
-_MODEL, _OPTIM = 'model.', 'optimizer.state.'
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint that is damaged or cannot be read safely: a file is
-    missing, truncated or differs from the hash its manifest records, or a
-    file is not what the format allows. :func:`load` raises it;
-    :func:`resume` skips such a checkpoint."""
-
-
-def _corrupt(path: str, reason: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"checkpoint '{path}' is corrupt "
-                                  f"({reason})")
-
 
 def _warn(message: str) -> None:
     """One line on stderr (one write, so that ranks do not interleave)."""
@@ -111,15 +92,6 @@ def _warn(message: str) -> None:
 
 
 # Finding checkpoints #########################################################
-
-def checkpoint_path(directory: str, epoch: int) -> str:
-    """``directory/epoch-<epoch>``."""
-    return osp.join(os.fspath(directory), f'epoch-{int(epoch)}')
-
-
-def _tmp_path(directory: str, epoch: int) -> str:
-    return osp.join(os.fspath(directory), f'.epoch-{int(epoch)}.tmp')
-
 
 def checkpoints(directory: str) -> List[Tuple[int, str]]:
     """The complete checkpoints in ``directory`` as ``(epoch, path)``,
@@ -131,10 +103,10 @@ def checkpoints(directory: str) -> List[Tuple[int, str]]:
         return []
     found = []
     for name in os.listdir(directory):
-        match = _NAME.match(name)
+        epoch = epoch_of(name)
         path = osp.join(directory, name)
-        if match and osp.isfile(osp.join(path, META_FILE)):
-            found.append((int(match.group(1)), path))
+        if epoch is not None and osp.isfile(osp.join(path, META_FILE)):
+            found.append((epoch, path))
     return sorted(found)
 
 
@@ -187,28 +159,6 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 # Helpers #####################################################################
 
-_ERRORS = {c.__name__: c for c in (ValueError, TypeError, FileExistsError,
-                                   FileNotFoundError, PermissionError,
-                                   OSError, CorruptCheckpointError)}
-
-
-def _agree(error: Optional[BaseException], payload: Any = None) -> List:
-    """Collective: gathers every rank's error and payload; raises one
-    rank's error on every rank, so that no rank waits for a failed one: a
-    :class:`CorruptCheckpointError` if any rank found the checkpoint
-    corrupt (so that all ranks skip it alike), else the first rank's."""
-    gathered = comm.all_gather_object(
-        (None if error is None else (type(error).__name__, str(error)),
-         payload))
-    failures = [failed for failed, _ in gathered if failed is not None]
-    if failures:
-        name, message = next(
-            (f for f in failures if f[0] == CorruptCheckpointError.__name__),
-            failures[0])
-        raise _ERRORS.get(name, RuntimeError)(message) from error
-    return [p for _, p in gathered]
-
-
 def check_count(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or \
             value < minimum:
@@ -231,26 +181,11 @@ def _split_optimizer(optimizer) -> Tuple[Dict[str, Tensor], Dict[str, Any]]:
     for index, values in state['state'].items():
         for key, value in values.items():
             if isinstance(value, Tensor):
-                tensors[f'{_OPTIM}{int(index)}.{key}'] = value
+                tensors[f'{OPTIMIZER_PREFIX}{int(index)}.{key}'] = value
             else:
                 other.setdefault(int(index), {})[key] = value
     return tensors, {'param_groups': state['param_groups'],
                      'state_other': other}
-
-
-def _checksum(meta: Dict[str, Any]) -> str:
-    """The hash of ``meta`` (without its checksum) in a canonical JSON."""
-    return bytes_digest(json.dumps(meta, sort_keys=True,
-                                   allow_nan=True).encode())
-
-
-def _seal(meta: Dict[str, Any]) -> str:
-    """``meta`` as the JSON text of ``meta.json``, with its checksum. The
-    checksum is taken of what reading the text gives back (JSON turns keys
-    into strings and tuples into lists)."""
-    meta = json.loads(json.dumps(meta, allow_nan=True))
-    meta['checksum'] = _checksum(meta)
-    return json.dumps(meta, indent=1, allow_nan=True)
 
 
 def _prune(directory: str, keep_last: int, keep: str) -> None:
@@ -264,12 +199,12 @@ def _prune(directory: str, keep_last: int, keep: str) -> None:
         doomed = [path for _, path in checkpoints(directory)[:-keep_last]
                   if path != keep]
         for path in doomed:
-            trash = osp.join(directory, f'.{osp.basename(path)}.old')
+            trash = trash_path(path)
             if osp.lexists(trash):
                 shutil.rmtree(trash)
             os.rename(path, trash)
         for name in os.listdir(directory):
-            if _TRASH.match(name):
+            if is_trash(name):
                 shutil.rmtree(osp.join(directory, name))
     except OSError as e:
         _warn(f"could not delete the checkpoints of '{directory}' older "
@@ -298,8 +233,8 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     """
     directory = os.fspath(directory)
     rank, world_size = comm.get_rank(), comm.get_world_size()
-    final, tmp = checkpoint_path(directory, epoch), _tmp_path(directory,
-                                                              epoch)
+    final, tmp = checkpoint_path(directory, epoch), tmp_path(directory,
+                                                             epoch)
 
     # 1. Local checks, digests of the replicas, and a fresh temp directory.
     error, digests = None, None
@@ -313,7 +248,7 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
                 'time': time.time()}
         json.dumps(meta, allow_nan=True)  # refuse what JSON cannot hold now
         model_state = model.state_dict()
-        tensors = {_MODEL + k: v for k, v in model_state.items()
+        tensors = {MODEL_PREFIX + k: v for k, v in model_state.items()
                    if isinstance(v, Tensor)}
         rank_state: Dict[str, Any] = {
             'format': FORMAT_VERSION, 'rank': rank,
@@ -341,7 +276,7 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
             os.makedirs(tmp)
     except Exception as e:  # every rank must hear of it
         error = e
-    everyone = _agree(error, digests)
+    everyone = agree(error, digests)
     for other_rank, other in enumerate(everyone):
         if other != everyone[0]:
             keys = sorted(set(other) ^ set(everyone[0])) or sorted(
@@ -362,7 +297,7 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     except Exception as e:
         error = OSError(f"rank {rank}: writing '{tmp}/rank-{rank}.pt' "
                         f"failed: {e}")
-    _agree(error)
+    agree(error)
 
     # 3. Commit: rank 0 hashes every file, writes the manifest last and
     # renames atomically.
@@ -371,7 +306,7 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
         try:
             files = hash_tree(tmp, exclude=(META_FILE,))
             write_text_atomically(osp.join(tmp, META_FILE),
-                                  _seal({**meta, 'files': files}))
+                                  seal({**meta, 'files': files}))
             fsync_dir(tmp)
             os.rename(tmp, final)
             fsync_dir(directory)
@@ -379,189 +314,11 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
             error = OSError(f"committing checkpoint '{final}' failed: {e}")
         if error is None and keep_last is not None:
             _prune(directory, keep_last, final)
-    _agree(error)
+    agree(error)
     return final
 
 
 # Load ########################################################################
-
-def _format_error(path: str, meta: Dict[str, Any]) -> ValueError:
-    return ValueError(f"checkpoint '{path}' has format "
-                      f"{meta.get('format')!r}; this pyg_sar reads format "
-                      f"{FORMAT_VERSION} (use a fresh checkpoint directory)")
-
-
-def _read_meta(path: str) -> Dict[str, Any]:
-    """``meta.json`` of the checkpoint ``path``, checked against its
-    checksum. Missing: ``FileNotFoundError`` (not a complete checkpoint);
-    damaged: :class:`CorruptCheckpointError`; another format:
-    ``ValueError``."""
-    meta_path = osp.join(path, META_FILE)
-    if not osp.isfile(meta_path):
-        raise FileNotFoundError(f"'{meta_path}' not found; '{path}' is not "
-                                f"a complete pyg_sar checkpoint")
-    try:
-        with open(meta_path, 'rb') as f:
-            meta = json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise _corrupt(path, f"{META_FILE} is unreadable: "
-                       f"{type(e).__name__}: {e}") from None
-    if not isinstance(meta, dict):
-        raise _corrupt(path, f"{META_FILE} holds no JSON object")
-    if 'checksum' not in meta and meta.get('format') != FORMAT_VERSION:
-        raise _format_error(path, meta)  # written by another pyg_sar
-    if meta.pop('checksum', None) != _checksum(meta):
-        raise _corrupt(path, f"{META_FILE} does not match its checksum")
-    if meta.get('format') != FORMAT_VERSION:
-        raise _format_error(path, meta)
-    files = meta.get('files')
-    if not (type(meta.get('epoch')) is int and
-            type(meta.get('world_size')) is int and
-            isinstance(files, dict) and
-            all(isinstance(v, dict) and type(v.get('bytes')) is int and
-                isinstance(v.get(HASH_ALGORITHM), str)
-                for v in files.values())):
-        raise _corrupt(path, f"{META_FILE} lacks the fields of format "
-                       f"{FORMAT_VERSION}")
-    return meta
-
-
-def _verify(path: str, meta: Dict[str, Any], name: str) -> str:
-    """The path of the file ``name`` of the checkpoint ``path`` once its
-    size and hash match what ``meta.json`` records."""
-    entry = meta['files'].get(name)
-    if entry is None:
-        raise _corrupt(path, f"its {META_FILE} does not list '{name}'")
-    file = osp.join(path, name)
-    try:
-        size, digest = file_digest(file)
-    except FileNotFoundError:
-        raise _corrupt(path, f"'{name}' is missing") from None
-    except OSError as e:
-        raise _corrupt(path, f"'{name}' is unreadable: "
-                       f"{e.strerror or e}") from None
-    if size != entry['bytes']:
-        raise _corrupt(path, f"'{name}' has {size} bytes, {META_FILE} "
-                       f"records {entry['bytes']}")
-    if digest != entry[HASH_ALGORITHM]:
-        raise _corrupt(path, f"'{name}' does not match the "
-                       f"{HASH_ALGORITHM} hash {META_FILE} records")
-    return file
-
-
-def _workers(meta: Dict[str, Any]) -> str:
-    n = int(meta['world_size'])
-    return f"{n} worker{'s' if n != 1 else ''}"
-
-
-def _check_meta(path: str, meta: Dict[str, Any], world_size: int,
-                fingerprint: Optional[str],
-                expect: Optional[Dict[str, Any]]) -> None:
-    if int(meta['world_size']) != world_size:
-        raise ValueError(
-            f"checkpoint '{path}' was written by {_workers(meta)} but "
-            f"this run has {world_size}; resume with {_workers(meta)} or "
-            f"use a fresh checkpoint directory")
-    if fingerprint is not None and meta.get('fingerprint') != fingerprint:
-        raise ValueError(
-            f"checkpoint '{path}' was written for partition set "
-            f"{str(meta.get('fingerprint'))[:16]} but this run loaded "
-            f"{str(fingerprint)[:16]} (different partitions); resume on "
-            f"the partitions it was trained on or use a fresh checkpoint "
-            f"directory")
-    stored = meta.get('extra') or {}
-    for key, value in (expect or {}).items():
-        if key not in stored:
-            raise ValueError(f"checkpoint '{path}' does not record {key!r}")
-        if stored[key] != value:
-            if isinstance(value, dict) and isinstance(stored[key], dict):
-                diff = sorted(k for k in set(value) | set(stored[key])
-                              if value.get(k) != stored[key].get(k))
-                shown = ', '.join(f'{k}={stored[key].get(k)!r} there, '
-                                  f'{value.get(k)!r} here' for k in diff)
-            else:
-                shown = f'{stored[key]!r} there, {value!r} here'
-            raise ValueError(f"checkpoint '{path}' was written with a "
-                             f"different {key} ({shown}); use the same "
-                             f"options or a fresh checkpoint directory")
-
-
-def _allocate(path: str, specs, model: torch.nn.Module,
-              optimizer) -> Dict[str, Tensor]:
-    own = {k: v for k, v in model.state_dict().items()
-           if isinstance(v, Tensor)}
-    stored = {k[len(_MODEL):]: v for k, v in specs.items()
-              if k.startswith(_MODEL)}
-    if set(own) != set(stored):
-        missing, unexpected = sorted(set(own) - set(stored)), \
-            sorted(set(stored) - set(own))
-        raise ValueError(f"checkpoint '{path}' holds a different model "
-                         f"(missing: {missing[:4]}, unexpected: "
-                         f"{unexpected[:4]})")
-    for key, value in own.items():
-        size, dtype = stored[key]
-        if tuple(size) != tuple(value.shape) or dtype != value.dtype:
-            raise ValueError(
-                f"checkpoint '{path}': model tensor {key!r} is "
-                f"{list(size)} {dtype} there but {list(value.shape)} "
-                f"{value.dtype} here")
-    wanted = {k: v for k, v in specs.items() if k.startswith(_MODEL) or
-              (optimizer is not None and k.startswith(_OPTIM))}
-    return {k: torch.empty(size, dtype=dtype)
-            for k, (size, dtype) in wanted.items()}
-
-
-def _inspect(path: str, model: torch.nn.Module, optimizer,
-             fingerprint: Optional[str], expect: Optional[Dict[str, Any]]):
-    """This rank's checks of the checkpoint ``path`` before anything is
-    loaded: the manifest, the compatibility with this run, the hash of
-    every file this rank reads, then the files' contents (read safely).
-    Returns ``(meta, rank_state, tensors to fill)``."""
-    rank, world_size = comm.get_rank(), comm.get_world_size()
-    meta = _read_meta(path)
-    _check_meta(path, meta, world_size, fingerprint, expect)
-    _verify(path, meta, checkpoint_io.METADATA_FILE)
-    try:
-        data_files = checkpoint_io.replicated_files(path)
-        specs = checkpoint_io.replicated_specs(path)
-    except checkpoint_io.UnsafeMetadataError as e:
-        raise _corrupt(path, f"'{checkpoint_io.METADATA_FILE}' is "
-                       f"refused: "
-                       f"{e.reason}") from None
-    except OSError as e:
-        raise _corrupt(path, str(e)) from None
-    for name in data_files:
-        _verify(path, meta, name)
-    rank_name = f'rank-{rank}.pt'
-    rank_file = _verify(path, meta, rank_name)
-    try:
-        rank_state = torch.load(rank_file, weights_only=True)
-    except Exception as e:
-        raise _corrupt(path, f"'{rank_name}' is unreadable: "
-                       f"{type(e).__name__}") from None
-    if not isinstance(rank_state, dict) or \
-            (rank_state.get('rank'), rank_state.get('epoch')) != \
-            (rank, meta['epoch']):
-        raise _corrupt(path, f"'{rank_name}' does not hold the state of "
-                       f"rank {rank} at epoch {meta['epoch']}")
-    if optimizer is not None and rank_state.get('optimizer') is None:
-        raise ValueError(f"checkpoint '{path}' holds no optimizer state")
-    return meta, rank_state, _allocate(path, specs, model, optimizer)
-
-
-def _inspect_everywhere(path: str, model: torch.nn.Module, optimizer,
-                        fingerprint: Optional[str],
-                        expect: Optional[Dict[str, Any]]):
-    """Collective :func:`_inspect`: every rank raises if any rank failed
-    (a :class:`CorruptCheckpointError` first)."""
-    error, inspected = None, None
-    try:
-        inspected = _inspect(path, model, optimizer, fingerprint, expect)
-    except Exception as e:
-        error = e
-    _agree(error)
-    return inspected
-
 
 def _restore(path: str, inspected, model: torch.nn.Module, optimizer,
              scheduler, restore_rng: bool) -> Dict[str, Any]:
@@ -571,8 +328,8 @@ def _restore(path: str, inspected, model: torch.nn.Module, optimizer,
     checkpoint_io.load_replicated(tensors, path)
     error = None
     try:
-        model_state = {k[len(_MODEL):]: v for k, v in tensors.items()
-                       if k.startswith(_MODEL)}
+        model_state = {k[len(MODEL_PREFIX):]: v for k, v in tensors.items()
+                       if k.startswith(MODEL_PREFIX)}
         model_state.update(rank_state['model_other'])
         model.load_state_dict(model_state, strict=True)
         if optimizer is not None:
@@ -580,8 +337,8 @@ def _restore(path: str, inspected, model: torch.nn.Module, optimizer,
             state: Dict[int, Dict[str, Any]] = {
                 int(i): dict(v) for i, v in saved['state_other'].items()}
             for key, value in tensors.items():
-                if key.startswith(_OPTIM):
-                    index, name = key[len(_OPTIM):].split('.', 1)
+                if key.startswith(OPTIMIZER_PREFIX):
+                    index, name = key[len(OPTIMIZER_PREFIX):].split('.', 1)
                     state.setdefault(int(index), {})[name] = value
             optimizer.load_state_dict({'state': state,
                                        'param_groups': saved['param_groups']})
@@ -596,7 +353,7 @@ def _restore(path: str, inspected, model: torch.nn.Module, optimizer,
         error = e if isinstance(e, ValueError) else ValueError(
             f"restoring checkpoint '{path}' failed: "
             f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
-    _agree(error)
+    agree(error)
     return {'epoch': int(meta['epoch']), 'path': path,
             'extra': meta.get('extra') or {}}
 
@@ -618,7 +375,7 @@ def load(path: str, model: torch.nn.Module,
     'path', 'extra'}``.
     """
     path = os.fspath(path)
-    inspected = _inspect_everywhere(path, model, optimizer, fingerprint,
+    inspected = inspect_everywhere(path, model, optimizer, fingerprint,
                                     expect)
     return _restore(path, inspected, model, optimizer, scheduler,
                     restore_rng)
@@ -656,12 +413,12 @@ def resume(directory: str, model: torch.nn.Module,
             found = [path for _, path in checkpoints(directory)]
         except OSError as e:
             error = e
-    found = _agree(error, found)[0]
+    found = agree(error, found)[0]
     corrupt: List[Tuple[str, str]] = []
     chosen, inspected = None, None
     for path in reversed(found):
         try:
-            inspected = _inspect_everywhere(path, model, optimizer,
+            inspected = inspect_everywhere(path, model, optimizer,
                                             fingerprint, expect)
         except CorruptCheckpointError as e:
             corrupt.append((path, str(e)))
