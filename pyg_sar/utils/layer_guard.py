@@ -23,6 +23,10 @@ _GUARDED: 'weakref.WeakSet[torch.nn.Module]' = weakref.WeakSet()
 
 def _refuse_unconverted(module: Any, args: Tuple,
                         kwargs: Dict[str, Any]) -> None:
+    # A guarded layer converted in place later (to_distributed adapts
+    # stock layers by class) keeps its hook and now accepts the graph.
+    if getattr(module, 'accepts_dist_graph', False):
+        return
     for arg in list(args) + list(kwargs.values()):
         if getattr(arg, 'is_dist_graph', False) is True:
             raise TypeError(
