@@ -113,9 +113,9 @@ def synthetic_graph(
     edge_codes = torch.empty(0, dtype=torch.long)
     num_samples = num_target // 2
     for _ in range(4):
-        src, dst = _sample_dc_sbm_edges(theta_cumsum, community,
-                                        community_ptr, num_samples,
-                                        intra_community_ratio, generator)
+        src, dst = sample_dc_sbm_edges(theta_cumsum, community,
+                                       community_ptr, num_samples,
+                                       intra_community_ratio, generator)
         # Shuffle node ids, so that ids carry no community structure.
         src, dst = new_id[src], new_id[dst]
         edge_codes = _undirected_codes(edge_codes, src, dst, num_nodes)
@@ -206,7 +206,7 @@ def _sample_by_weight(
     return index.clamp_(max=weight_cumsum.numel() - 1)
 
 
-def _sample_dc_sbm_edges(
+def sample_dc_sbm_edges(
     theta_cumsum: Tensor,
     community: Tensor,
     community_ptr: Tensor,
@@ -214,6 +214,13 @@ def _sample_dc_sbm_edges(
     intra_community_ratio: float,
     generator: torch.Generator,
 ) -> Tuple[Tensor, Tensor]:
+    """``(src, dst)`` of ``num_samples`` degree-corrected SBM edges: each
+    endpoint drawn in proportion to its node's propensity
+    (``theta_cumsum``, cumulative), the destination within the source's
+    community (``community[v]`` is node ``v``'s; community ``c`` holds ids
+    ``community_ptr[c]`` to ``community_ptr[c + 1] - 1``) with probability
+    ``intra_community_ratio``, else anywhere. Shared by the in-memory and
+    the on-disk generator, so both draw the same graph."""
     total = float(theta_cumsum[-1])
     src = _sample_by_weight(theta_cumsum, 0.0, total, num_samples, generator)
     is_intra = torch.rand(num_samples, generator=generator) < \

@@ -21,9 +21,9 @@ import os.path as osp
 import numpy as np
 import torch
 
-from pyg_sar.datasets.synthetic import (_sample_dc_sbm_edges,
-                                        community_count, community_layout,
-                                        degree_propensities)
+from pyg_sar.datasets.synthetic import (community_count, community_layout,
+                                        degree_propensities,
+                                        sample_dc_sbm_edges)
 from pyg_sar.partition.ondisk import NpyWriter, npy_writers, write_graph_json
 
 
@@ -80,7 +80,7 @@ def write_synthetic_dcsbm(root: str, num_nodes: int, avg_degree: int = 20,
     with npy_writers(writers):
         for start in range(0, num_samples, chunk_samples):
             count = min(chunk_samples, num_samples - start)
-            src, dst = _sample_dc_sbm_edges(
+            src, dst = sample_dc_sbm_edges(
                 theta_cumsum, community, community_ptr, count,
                 intra_community_ratio, generator)
             src, dst = new_id[src], new_id[dst]
