@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_sar.comm.process_group import get_rank
-from pyg_sar.comm.state import _STATS
+from pyg_sar.comm.state import STATS
 
 # DCP's metadata file, in every checkpoint directory it writes.
 METADATA_FILE = '.metadata'
@@ -245,7 +245,7 @@ def save_replicated(tensors: Dict[str, Tensor], path: str) -> None:
     if bad:
         raise TypeError(f"save_replicated takes tensors only (got "
                         f"{type(tensors[bad[0]]).__name__} for {bad[0]!r})")
-    _STATS['collectives'] += 1
+    STATS['collectives'] += 1
     try:
         with warnings.catch_warnings():  # "assuming ... a single process"
             warnings.simplefilter('ignore', UserWarning)
@@ -283,7 +283,7 @@ def load_replicated(tensors: Dict[str, Tensor], path: str) -> None:
 
     from torch.distributed import checkpoint as dcp
     _read_metadata(path)  # refused here, before DCP hides why in its retry
-    _STATS['collectives'] += 1
+    STATS['collectives'] += 1
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', UserWarning)
