@@ -1,7 +1,9 @@
 """The package layout, read from the source: one folder per stage, no import
 circles, no import from a later stage into an earlier one, every
-``torch.distributed`` import in the communication stage, and the fast paths
-(``import pyg_sar``, ``pyg-sar --help``) free of torch."""
+``torch.distributed`` import in the communication stage, the fast paths
+(``import pyg_sar``, ``pyg-sar --help``) free of torch, a small public
+surface (each stage's ``__all__`` pinned, no private name in any
+``__all__``) and no private name imported from another module."""
 import ast
 import os
 import os.path as osp
@@ -90,11 +92,23 @@ def test_one_folder_per_stage_with_a_docstring():
     assert top == sorted(STAGES), top
     loose = [n for n in os.listdir(ROOT) if n.endswith('.py')]
     assert loose == ['__init__.py'], loose
-    for stage in STAGES:
-        init = osp.join(ROOT, stage, '__init__.py')
-        doc = ast.get_docstring(ast.parse(open(init).read()))
+    # Every package, the stages and the folders inside them.
+    for module, path in MODULES.items():
+        if not path.endswith('__init__.py') or module == 'pyg_sar':
+            continue
+        doc = ast.get_docstring(ast.parse(open(path).read()))
         assert doc and len(doc.split()) >= 25, \
-            f'pyg_sar.{stage} needs a one-paragraph docstring'
+            f'{module} needs a one-paragraph docstring'
+
+
+def test_loader_folders_hold_at_most_twelve_modules():
+    for module, path in MODULES.items():
+        if path.endswith('__init__.py') and \
+                module.startswith('pyg_sar.loader'):
+            folder = osp.dirname(path)
+            count = sum(1 for n in os.listdir(folder)
+                        if n.endswith('.py') and n != '__init__.py')
+            assert count <= 12, f'{module} holds {count} modules'
 
 
 def test_no_import_circles():
@@ -194,3 +208,141 @@ def test_every_convolution_is_public_in_pyg_sar_nn():
     assert not missing, f'pyg_sar.nn.__all__ lacks {missing}'
     for name in pyg_sar.nn.conv.__all__:
         assert getattr(pyg_sar.nn, name) is getattr(pyg_sar.nn.conv, name)
+
+
+# What users call, stage by stage: growing a stage's __all__ is a deliberate
+# act (edit this list too); internals stay importable from the module that
+# defines them.
+PUBLIC_API = {
+    'pyg_sar': [
+        'partition_graph', 'load_partition', 'Partition', 'HeteroPartition',
+        'init_distributed', 'sync_params', 'all_reduce_grads', 'comm_stats',
+        'reset_comm_stats', 'global_count', 'configure', 'PeerError',
+        'DistGraph', 'HeteroDistGraph', 'comm', 'nn', 'loader', 'train',
+        'datasets', 'cli', 'link', 'checkpoint', '__version__'],
+    'pyg_sar.utils': [],
+    'pyg_sar.partition': [
+        'partition_graph', 'load_partition', 'Partition', 'HeteroPartition',
+        'NodePart', 'EdgePart'],
+    'pyg_sar.comm': [
+        'init_distributed', 'get_rank', 'get_world_size', 'find_free_port',
+        'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
+        'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
+        'report_failure', 'barrier', 'all_reduce', 'broadcast_',
+        'all_gather_object', 'global_sum', 'global_count', 'sync_params',
+        'all_reduce_grads', 'ddp_sum_hook'],
+    'pyg_sar.graph': ['DistGraph', 'HeteroDistGraph'],
+    'pyg_sar.nn': [
+        'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
+        'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
+        'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv',
+        'RGCNConv', 'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
+        'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
+        'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv',
+        'WLConv', 'to_distributed', 'convertible'],
+    'pyg_sar.loader': [
+        'DistNeighborLoader', 'DistHeteroNeighborLoader',
+        'DistLinkNeighborLoader', 'DistHeteroLinkNeighborLoader',
+        'sample_neighbors'],
+    'pyg_sar.train': [
+        'train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
+        'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog'],
+    'pyg_sar.datasets': [
+        'load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
+        'random_planetoid_split', 'SYNTHETIC_DEFAULTS'],
+    'pyg_sar.cli': ['main', 'build_parser', 'register_command', 'COMMANDS'],
+}
+
+
+def test_each_stage_exports_exactly_its_public_api():
+    import importlib
+    assert sorted(PUBLIC_API) == sorted(['pyg_sar'] + [f'pyg_sar.{s}'
+                                                       for s in STAGES])
+    for name, expected in PUBLIC_API.items():
+        module = importlib.import_module(name)
+        found = list(getattr(module, '__all__', []))
+        assert len(found) == len(set(found)), f'{name}.__all__ repeats names'
+        added = sorted(set(found) - set(expected))
+        missing = sorted(set(expected) - set(found))
+        assert not added and not missing, (
+            f'{name}.__all__ gained {added} and lost {missing}; update '
+            f'PUBLIC_API in tests/test_layout.py if that is meant')
+        for public in found:
+            assert getattr(module, public, None) is not None, \
+                f'{name}.__all__ names {public!r}, which it lacks'
+
+
+def _all_of(module: str, path: str):
+    """``__all__`` of ``module``: its literal list, else (built at import)
+    the imported module's."""
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, 'id', None) == '__all__' for t in node.targets):
+            try:
+                return list(ast.literal_eval(node.value))
+            except ValueError:
+                import importlib
+                return list(importlib.import_module(module).__all__)
+    return []
+
+
+def test_no_all_holds_a_private_name():
+    private = [f'{module}: {name}' for module, path in MODULES.items()
+               for name in _all_of(module, path)
+               if name.startswith('_') and not
+               (name.startswith('__') and name.endswith('__'))]
+    assert not private, f'private names in __all__: {private}'
+
+
+def _private(name: str) -> bool:
+    return name.startswith('_') and not name.startswith('__')
+
+
+def _private_imports(module: str, path: str):
+    """``from x import _name`` of another module of the package, and
+    ``x._name`` on a module of the package that ``module`` imported."""
+    tree = ast.parse(open(path).read(), path)
+    package = _package_of(module, path)
+    modules = {}  # local name -> module of the package
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parts = package.split('.')
+                parts = parts[:len(parts) - node.level + 1]
+                base = '.'.join(parts + ([base] if base else []))
+            if not base.startswith('pyg_sar'):
+                continue
+            for alias in node.names:
+                if f'{base}.{alias.name}' in MODULES:
+                    modules[alias.asname or alias.name] = alias.name
+                elif _private(alias.name) and base != module:
+                    found.append(f'{module}: from {base} import '
+                                 f'{alias.name}')
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith('pyg_sar'):
+                    modules[alias.asname or alias.name.split('.')[0]] = \
+                        alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            value = node.value
+            while isinstance(value, ast.Attribute):
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in modules:
+                found.append(f'{module}:{node.lineno}: '
+                             f'{ast.unparse(node)}')
+    return found
+
+
+# The stages already clean; the others join as they are cleaned up.
+NO_PRIVATE_IMPORTS = ('comm', 'graph', 'loader', 'datasets')
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = [line for module, path in MODULES.items()
+             if _stage(module) in NO_PRIVATE_IMPORTS
+             for line in _private_imports(module, path)]
+    assert not found, ('private names used across modules (make them '
+                       'public names of their module):\n' + '\n'.join(found))
