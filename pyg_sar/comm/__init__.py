@@ -42,8 +42,8 @@ Layout:
   :func:`all_reduce_grads`, :func:`ddp_sum_hook`.
 
 The later stages also call the package's own plumbing as
-``pyg_sar.comm.<name>`` (:data:`PLUMBING`: the all-to-all, the exchanges,
-the channels, ...); it is not the user's API and is documented with the
+``pyg_sar.comm.<name>`` (``PLUMBING``: the all-to-all, the exchanges, the
+channels, ...); it is not the user's API and is documented with the
 package's internals.
 """
 import importlib
