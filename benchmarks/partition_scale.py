@@ -1,13 +1,15 @@
 """Time, peak memory and quality of the partitioning paths at scale.
 
 Every size is generated once to a graph directory
-(:mod:`pyg_sar.partition.ondisk`) by a separate process:
+(:mod:`pyg_sar.partition.input.ondisk`) by a separate process:
 ``synthetic_graph(N, 20, 16, 16, seed=0)`` written with ``save_graph``, or,
 to reach >= 400M edges, written chunk by chunk without holding the graph:
 ``--streamed-generator dcsbm``, the same model
 (:func:`~pyg_sar.datasets.synthetic_ondisk.write_synthetic_dcsbm`), or
 ``--streamed-generator blocks``, a harder one where half of every node's
-edges come from anywhere (:func:`~pyg_sar.partition.ondisk.write_synthetic_graph`). Then every path runs in its own process,
+edges come from anywhere
+(:func:`~pyg_sar.partition.input.ondisk.write_synthetic_graph`). Then every
+path runs in its own process,
 its peak resident set read from ``/proc/self/status`` (``VmHWM``), joined
 with the KaMinPar child's (a process of its own, run while the caller
 waits): the larger of the caller's own peak and the caller's resident set
@@ -23,7 +25,7 @@ edge plus 16 bytes per node, and whether the peak is within it:
   streamed writer (``--ondisk-method``, default kaminpar when available,
   else metis: then the assignment still gathers the edge list);
 - ``parallel2``: the same through ``torchrun --nproc-per-node 2``
-  (:func:`pyg_sar.comm.partition_writers.partition_graph_parallel`);
+  (:func:`pyg_sar.partition.partition_graph_parallel`);
 - ``ondisk-random`` (not run by default): the on-disk path with a random
   assignment: the streamed writer's own time and memory, whatever the
   partitioner needs.
@@ -82,7 +84,8 @@ def _methods():
 
 def generate(args: argparse.Namespace) -> None:
     r"""Child: writes the graph of :obj:`args.num_nodes` nodes."""
-    from pyg_sar.partition.ondisk import save_graph, write_synthetic_graph
+    from pyg_sar.partition.input.ondisk import (save_graph,
+                                                write_synthetic_graph)
     start = time.perf_counter()
     if args.streamed_generator == 'dcsbm':
         from pyg_sar.datasets.synthetic_ondisk import write_synthetic_dcsbm
@@ -105,7 +108,7 @@ def _load_data(graph_dir: str):
     import torch
     from torch_geometric.data import Data
 
-    from pyg_sar.partition.ondisk import GraphOnDisk
+    from pyg_sar.partition.input.ondisk import GraphOnDisk
     graph = GraphOnDisk(graph_dir)
     data = Data(edge_index=torch.from_numpy(np.array(graph.edge_index)),
                 num_nodes=graph.num_nodes)
@@ -117,10 +120,11 @@ def _load_data(graph_dir: str):
 def run_path(args: argparse.Namespace) -> None:
     r"""Child (or torchrun rank): one partition run; prints one JSON line
     (rank 0) or writes it to :obj:`args.rank_file`."""
-    # The imports' memory is the baseline (partition_writers imports the
-    # partitioner).
+    # The imports' memory is the baseline (the partitioner and the
+    # parallel writers' collectives).
     import importlib
-    importlib.import_module('pyg_sar.comm.partition_writers')
+    importlib.import_module('pyg_sar.partition')
+    importlib.import_module('pyg_sar.comm.shard_exchange')
     base = _rss_bytes()
     out_dir = osp.join(args.work_dir, f'{args.path}_{args.num_nodes}')
     start = time.perf_counter()
@@ -138,16 +142,16 @@ def run_path(args: argparse.Namespace) -> None:
     else:
         from datetime import timedelta
 
-        from pyg_sar.comm import init_distributed
-        from pyg_sar.comm.partition_writers import partition_graph_parallel
+        from pyg_sar.comm import ProcessGroupExchange, init_distributed
+        from pyg_sar.partition import partition_graph_parallel
         init_distributed(backend='gloo', timeout=timedelta(hours=2))
-        manifest = partition_graph_parallel(args.graph_dir, args.num_parts,
-                                            out_dir, method=args.method,
-                                            progress=False)
+        manifest = partition_graph_parallel(
+            args.graph_dir, args.num_parts, out_dir, method=args.method,
+            progress=False, exchange=ProcessGroupExchange())
     # KaMinPar runs in a child process while this one waits: the joint peak
     # is the larger of this process's own peak and, during the child, this
     # process's resident set then plus the child's peak.
-    from pyg_sar.partition import kaminpar
+    from pyg_sar.partition.assign import kaminpar
     own, child = _peak_bytes(), kaminpar.last_peak_bytes or 0
     during = (kaminpar.last_caller_rss_bytes or own) if child else 0
     row = {'time_s': round(time.perf_counter() - start, 2),

@@ -340,11 +340,33 @@ def test_every_twin_aggregation_option_is_exact_or_refused(tmp_path):
 @pytest.mark.parametrize('make', [lambda: pyg_nn.SAGEConv(6, 4),
                                   lambda: pyg_nn.GATConv(6, 4)])
 def test_stock_layer_given_a_dist_graph_names_the_fix(make, hard_part):
-    # Once a DistGraph exists, a stock layer called with it says to convert
-    # the model, instead of failing deep inside PyG.
+    # A model handed to pyg_sar (sync_params) whose stock layers are then
+    # called with a DistGraph says to convert the model, instead of failing
+    # deep inside PyG; the same layer on a plain edge_index (sampled
+    # batches) runs as before, and the hook is the layer's own.
+    from torch.nn.modules import module as torch_module
     data, part = hard_part
     dist_graph = pyg_sar.DistGraph(part)
+    model = torch.nn.ModuleList([make()])
+    global_hooks = len(torch_module._global_forward_pre_hooks)
+    pyg_sar.sync_params(model)
+    assert len(torch_module._global_forward_pre_hooks) == global_hooks
+    layer = model[0]
     with pytest.raises(TypeError, match=r"is a stock PyG layer and got a "
                        r"DistGraph as its graph; convert the model with "
                        r"pyg_sar.nn.to_distributed\(model\)"):
-        make()(part.x, dist_graph)
+        layer(part.x, dist_graph)
+    with pytest.raises(TypeError, match=r"is a stock PyG layer"):
+        layer(part.x, edge_index=dist_graph)
+    torch.manual_seed(0)
+    expected = make()(part.x, part.edge_index)
+    torch.manual_seed(0)
+    fresh = torch.nn.ModuleList([make()])
+    pyg_sar.sync_params(fresh)
+    pyg_sar.sync_params(fresh)  # one hook per layer, however often
+    assert len(fresh[0]._forward_pre_hooks) == 1
+    torch.testing.assert_close(fresh[0](part.x, part.edge_index), expected)
+    # A converted model's layers accept the graph.
+    converted = pyg_sar.nn.to_distributed(make())
+    pyg_sar.sync_params(converted)
+    assert len(converted._forward_pre_hooks) == 0

@@ -167,7 +167,7 @@ def test_streamed_dcsbm_graph_is_the_synthetic_model(tmp_path):
     import numpy as np
 
     from pyg_sar.datasets.synthetic_ondisk import write_synthetic_dcsbm
-    from pyg_sar.partition.ondisk import GraphOnDisk
+    from pyg_sar.partition.input.ondisk import GraphOnDisk
     a = write_synthetic_dcsbm(str(tmp_path / 'a'), 3000, 10, 8, 4, seed=1,
                               chunk_samples=1000)
     b = write_synthetic_dcsbm(str(tmp_path / 'b'), 3000, 10, 8, 4, seed=1,

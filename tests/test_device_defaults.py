@@ -165,8 +165,8 @@ def test_engine_chunks_follow_the_injected_capacity(injected, tmp_path):
 
 
 def test_importing_the_package_changes_nothing_in_the_process():
-    # No global module hook and no warnings filter on import; the guard
-    # that names to_distributed is installed when a DistGraph is built.
+    # No global module hook and no warnings filter on import (the guard
+    # that names to_distributed is a per-layer hook: test_conversion).
     import subprocess
     import sys
     code = '''

@@ -10,7 +10,7 @@ from torch_geometric.distributed import LocalFeatureStore, LocalGraphStore
 
 from pyg_sar import (HeteroPartition, Partition, cli, datasets,
                      load_partition, partition_graph)
-from pyg_sar.partition.assign import TYPE_BALANCE_TOLERANCE
+from pyg_sar.partition.assign.in_memory import TYPE_BALANCE_TOLERANCE
 from pyg_sar.datasets.synthetic_hetero import synthetic_hetero_graph
 
 FOLLOWS = ('user', 'follows', 'user')
@@ -393,7 +393,7 @@ def test_loader_errors(handcrafted, tmp_path):
 
 
 def test_failed_run_leaves_nothing(handcrafted, tmp_path, monkeypatch):
-    import pyg_sar.partition.heterogeneous as hetero_module
+    import pyg_sar.partition.write.heterogeneous as hetero_module
     out_dir = tmp_path / 'out'
     partition_graph(handcrafted, 2, out_dir)
     before = sorted(os.listdir(out_dir))
@@ -403,7 +403,7 @@ def test_failed_run_leaves_nothing(handcrafted, tmp_path, monkeypatch):
             raise OSError('disk full')
         torch.save(obj, path)
 
-    monkeypatch.setattr(hetero_module, '_save', failing_save)
+    monkeypatch.setattr(hetero_module, 'save_file', failing_save)
     with pytest.raises(OSError, match='disk full'):
         partition_graph(handcrafted, 3, out_dir, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ['out']

@@ -1,9 +1,10 @@
 """The package layout, read from the source: one folder per stage, no import
 circles, no import from a later stage into an earlier one, every
-``torch.distributed`` import in the communication stage, the fast paths
-(``import pyg_sar``, ``pyg-sar --help``) free of torch, a small public
-surface (each stage's ``__all__`` pinned, no private name in any
-``__all__``) and no private name imported from another module."""
+``torch.distributed`` import in the communication stage, no module reaching
+into another's private names, the partitioner and the loaders split by
+concern, a small public surface (each stage's ``__all__`` pinned, no private
+name in any ``__all__``), and the fast paths (``import pyg_sar``,
+``pyg-sar --help``) free of torch."""
 import ast
 import os
 import os.path as osp
@@ -101,14 +102,6 @@ def test_one_folder_per_stage_with_a_docstring():
             f'{module} needs a one-paragraph docstring'
 
 
-def test_loader_folders_hold_at_most_twelve_modules():
-    for module, path in MODULES.items():
-        if path.endswith('__init__.py') and \
-                module.startswith('pyg_sar.loader'):
-            folder = osp.dirname(path)
-            count = sum(1 for n in os.listdir(folder)
-                        if n.endswith('.py') and n != '__init__.py')
-            assert count <= 12, f'{module} holds {count} modules'
 
 
 def test_no_import_circles():
@@ -175,6 +168,127 @@ def test_torch_distributed_only_in_comm():
     assert not outside, outside
 
 
+# The stages whose modules use only each other's public names.
+PUBLIC_NAMES_ONLY = ['partition', 'comm', 'graph', 'loader', 'train',
+                     'datasets', 'cli']
+
+
+def _private_uses(module: str, path: str):
+    """``target._name`` and ``from target import _name`` in ``module``,
+    where ``target`` is another module of the package."""
+    tree = ast.parse(open(path).read(), path)
+    imported, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and \
+                node.module.startswith('pyg_sar'):
+            for alias in node.names:
+                target = f'{node.module}.{alias.name}'
+                if target in MODULES:  # a module: its attributes count
+                    imported[alias.asname or alias.name] = target
+                elif alias.name.startswith('_') and \
+                        not alias.name.startswith('__') and \
+                        node.module != module:
+                    found.append(f'{module}: from {node.module} import '
+                                 f'{alias.name}')
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in MODULES:
+                    imported[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and \
+                isinstance(node.value, ast.Name) and \
+                node.value.id in imported and \
+                node.attr.startswith('_') and \
+                not node.attr.startswith('__') and \
+                imported[node.value.id] != module:
+            found.append(f'{module}: {imported[node.value.id]}.{node.attr}')
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = [use for module, path in MODULES.items()
+             if _stage(module) in PUBLIC_NAMES_ONLY
+             for use in _private_uses(module, path)]
+    assert not found, 'private names used across modules: ' + \
+        '; '.join(found)
+
+
+# The partitioner's subpackages, one per step, and the ones each may import
+# (besides the modules at the top of pyg_sar.partition).
+PARTITION_STEPS = {
+    'input': set(),
+    'assign': {'input'},
+    'write': {'input', 'assign'},
+    'read': set(),
+}
+MAX_MODULES_PER_FOLDER = 12
+
+
+def test_partition_is_split_by_concern():
+    root = osp.join(ROOT, 'partition')
+    steps = sorted(n for n in os.listdir(root)
+                   if osp.isdir(osp.join(root, n)) and n != '__pycache__')
+    assert steps == sorted(PARTITION_STEPS), steps
+    for folder, names, files in os.walk(root):
+        names[:] = [n for n in names if n != '__pycache__']
+        modules = [f for f in files
+                   if f.endswith('.py') and f != '__init__.py']
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, \
+            f'{folder} holds {len(modules)} modules'
+    for step in PARTITION_STEPS:
+        init = osp.join(root, step, '__init__.py')
+        doc = ast.get_docstring(ast.parse(open(init).read()))
+        assert doc and len(doc.split()) >= 25, \
+            f'pyg_sar.partition.{step} needs a one-paragraph docstring'
+    wrong = []
+    for module, targets in GRAPH.items():
+        parts = module.split('.')
+        if parts[:2] != ['pyg_sar', 'partition'] or len(parts) < 4:
+            continue
+        for target in targets:
+            other = target.split('.')
+            if other[:2] == ['pyg_sar', 'partition'] and len(other) >= 4 \
+                    and other[2] != parts[2] and \
+                    other[2] not in PARTITION_STEPS[parts[2]]:
+                wrong.append(f'{module} -> {target}')
+    assert not wrong, 'partition steps out of order: ' + '; '.join(wrong)
+
+
+# The loaders' subpackages, one per concern, and the ones each may import:
+# what a loader reads of its part, how neighborhoods are drawn, what a batch
+# is made of.
+LOADER_CONCERNS = {
+    'shards': set(),
+    'sampling': {'shards'},
+    'batches': {'shards', 'sampling'},
+}
+
+
+def test_loader_is_split_by_concern():
+    root = osp.join(ROOT, 'loader')
+    concerns = sorted(n for n in os.listdir(root)
+                      if osp.isdir(osp.join(root, n)) and n != '__pycache__')
+    assert concerns == sorted(LOADER_CONCERNS), concerns
+    for folder, names, files in os.walk(root):
+        names[:] = [n for n in names if n != '__pycache__']
+        modules = [f for f in files
+                   if f.endswith('.py') and f != '__init__.py']
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, \
+            f'{folder} holds {len(modules)} modules'
+    wrong = []
+    for module, targets in GRAPH.items():
+        parts = module.split('.')
+        if parts[:2] != ['pyg_sar', 'loader'] or len(parts) < 4:
+            continue
+        for target in targets:
+            other = target.split('.')
+            if other[:2] == ['pyg_sar', 'loader'] and (
+                    len(other) < 4 or other[2] != parts[2] and
+                    other[2] not in LOADER_CONCERNS[parts[2]]):
+                wrong.append(f'{module} -> {target}')
+    assert not wrong, 'loader concerns out of order: ' + '; '.join(wrong)
+
+
 @pytest.mark.parametrize('code', [
     'import pyg_sar; pyg_sar.__version__',
     'import sys; sys.argv = ["pyg-sar", "--help"]\n'
@@ -222,15 +336,15 @@ PUBLIC_API = {
         'datasets', 'cli', 'link', 'checkpoint', '__version__'],
     'pyg_sar.utils': [],
     'pyg_sar.partition': [
-        'partition_graph', 'load_partition', 'Partition', 'HeteroPartition',
-        'NodePart', 'EdgePart'],
+        'partition_graph', 'partition_graph_parallel', 'load_partition',
+        'Partition', 'HeteroPartition', 'NodePart', 'EdgePart'],
     'pyg_sar.comm': [
         'init_distributed', 'get_rank', 'get_world_size', 'find_free_port',
         'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
         'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
         'report_failure', 'barrier', 'all_reduce', 'broadcast_',
         'all_gather_object', 'global_sum', 'global_count', 'sync_params',
-        'all_reduce_grads', 'ddp_sum_hook'],
+        'all_reduce_grads', 'ddp_sum_hook', 'ProcessGroupExchange'],
     'pyg_sar.graph': ['DistGraph', 'HeteroDistGraph'],
     'pyg_sar.nn': [
         'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
@@ -292,57 +406,3 @@ def test_no_all_holds_a_private_name():
                if name.startswith('_') and not
                (name.startswith('__') and name.endswith('__'))]
     assert not private, f'private names in __all__: {private}'
-
-
-def _private(name: str) -> bool:
-    return name.startswith('_') and not name.startswith('__')
-
-
-def _private_imports(module: str, path: str):
-    """``from x import _name`` of another module of the package, and
-    ``x._name`` on a module of the package that ``module`` imported."""
-    tree = ast.parse(open(path).read(), path)
-    package = _package_of(module, path)
-    modules = {}  # local name -> module of the package
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ''
-            if node.level:
-                parts = package.split('.')
-                parts = parts[:len(parts) - node.level + 1]
-                base = '.'.join(parts + ([base] if base else []))
-            if not base.startswith('pyg_sar'):
-                continue
-            for alias in node.names:
-                if f'{base}.{alias.name}' in MODULES:
-                    modules[alias.asname or alias.name] = alias.name
-                elif _private(alias.name) and base != module:
-                    found.append(f'{module}: from {base} import '
-                                 f'{alias.name}')
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith('pyg_sar'):
-                    modules[alias.asname or alias.name.split('.')[0]] = \
-                        alias.name
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and _private(node.attr):
-            value = node.value
-            while isinstance(value, ast.Attribute):
-                value = value.value
-            if isinstance(value, ast.Name) and value.id in modules:
-                found.append(f'{module}:{node.lineno}: '
-                             f'{ast.unparse(node)}')
-    return found
-
-
-# The stages already clean; the others join as they are cleaned up.
-NO_PRIVATE_IMPORTS = ('comm', 'graph', 'loader', 'datasets')
-
-
-def test_no_private_name_is_imported_from_another_module():
-    found = [line for module, path in MODULES.items()
-             if _stage(module) in NO_PRIVATE_IMPORTS
-             for line in _private_imports(module, path)]
-    assert not found, ('private names used across modules (make them '
-                       'public names of their module):\n' + '\n'.join(found))

@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.distributed import LocalFeatureStore, LocalGraphStore
 
-import pyg_sar.partition.homogeneous as partition_module
+import pyg_sar.partition.write.homogeneous as partition_module
 from pyg_sar import Partition, datasets, load_partition, partition_graph
 
 
@@ -276,7 +276,7 @@ def test_failed_run_leaves_nothing(tmp_path, monkeypatch):
             raise OSError('disk full')
         torch.save(obj, path)
 
-    monkeypatch.setattr(partition_module, '_save', failing_save)
+    monkeypatch.setattr(partition_module, 'save_file', failing_save)
     with pytest.raises(OSError, match='disk full'):
         partition_graph(_small_graph(), 2, out_dir, overwrite=True)
     with pytest.raises(OSError, match='disk full'):

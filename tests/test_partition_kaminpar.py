@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from pyg_sar import datasets
-from pyg_sar.partition import kaminpar as kaminpar_mod
-from pyg_sar.partition.assign import (_balance_training_nodes,
-                                      _fill_empty_parts, _metis_parts,
-                                      _symmetric_csr, assign_parts)
-from pyg_sar.partition.edge_source import TensorEdgeSource
-from pyg_sar.partition.repair import TRAIN_BALANCE_TOLERANCE
-from pyg_sar.partition.symmetric import (CsrView, symmetric_csr,
-                                         write_parhip)
+from pyg_sar.partition.assign import kaminpar as kaminpar_mod
+from pyg_sar.partition.assign.in_memory import (
+    balance_training_nodes_in_memory, fill_empty_parts_in_memory,
+    symmetric_csr_in_memory)
+from pyg_sar.partition.assign.parts import assign_parts, metis_parts
+from pyg_sar.partition.assign.repair import TRAIN_BALANCE_TOLERANCE
+from pyg_sar.partition.assign.symmetric import (CsrView, symmetric_csr,
+                                                write_parhip)
+from pyg_sar.partition.input.edge_source import TensorEdgeSource
 from _graphs import hard_graph
 
 # Many multi-process runs: deselect with -m "not slow".
@@ -41,7 +42,7 @@ def _source(edge_index, num_nodes):
 @pytest.mark.parametrize('chunk', [1, 7, 64, 1 << 20])
 def test_symmetric_equals_old(chunk):
     edge_index, n = _messy_graph()
-    rowptr, row, col = _symmetric_csr(edge_index, n)
+    rowptr, row, col = symmetric_csr_in_memory(edge_index, n)
     csr = symmetric_csr(_source(edge_index, n), chunk_edges=chunk)
     assert csr.col.dtype == torch.int32
     assert torch.equal(csr.rowptr, rowptr)
@@ -58,12 +59,12 @@ def test_symmetric_equals_old(chunk):
 def test_metis_same_assignment_as_before():
     data = datasets.synthetic_graph(600, 6, 4, 3, seed=1)
     n = data.num_nodes
-    rowptr, row, col = _symmetric_csr(data.edge_index, n)
+    rowptr, row, col = symmetric_csr_in_memory(data.edge_index, n)
     train = data.train_mask
     for seed in (0, 3):
-        old = _metis_parts(rowptr, col, 4, seed)
-        _fill_empty_parts(old, row, col, 4)
-        _balance_training_nodes(old, row, col, train, 4)
+        old = metis_parts(rowptr, col, 4, seed)
+        fill_empty_parts_in_memory(old, row, col, 4)
+        balance_training_nodes_in_memory(old, row, col, train, 4)
         new, stats = assign_parts(_source(data.edge_index, n), 4, 'metis',
                                   seed=seed, train_mask=train,
                                   chunk_edges=97)
@@ -119,7 +120,7 @@ def test_kaminpar_balanced_and_reproducible(k, tmp_path):
                             tmp_dir=str(tmp_path), chunk_edges=1 << 20)
     assert torch.equal(part, again)
     assert stats['node_balance'] <= 1.01 + 1e-9
-    rowptr, row, col = _symmetric_csr(data.edge_index, n)
+    rowptr, row, col = symmetric_csr_in_memory(data.edge_index, n)
     assert stats['edge_cut'] == int((part[row] != part[col]).sum()) // 2
     # Far better than random (random cuts about (k - 1) / k of the edges).
     assert stats['edge_cut'] < 0.8 * (k - 1) / k * \
@@ -141,7 +142,8 @@ def test_repair_caps_oversized_parts(monkeypatch):
         part[:num_parts - 1] = torch.arange(1, num_parts)
         return part
 
-    monkeypatch.setattr('pyg_sar.partition.assign.run_kaminpar', lopsided)
+    monkeypatch.setattr('pyg_sar.partition.assign.parts.run_kaminpar',
+                        lopsided)
     data = datasets.synthetic_graph(500, 6, 4, 3, seed=0)
     part, stats = assign_parts(_source(data.edge_index, 500), 4, 'kaminpar',
                                train_mask=data.train_mask)
@@ -195,7 +197,7 @@ def test_training_exact_on_kaminpar_partition(tmp_path):
     # The exactness sweep of test_sar_exact (every conv, mode and chunk
     # size) on a KaMinPar partition at world size 3.
     import test_sar_exact as exact
-    from pyg_sar.partition.homogeneous import write_homogeneous
+    from pyg_sar.partition.write.homogeneous import write_homogeneous
     from _dist import run_workers
 
     data = exact.synthetic_data()
@@ -255,14 +257,14 @@ def test_heterogeneous_graph_partitioned_by_kaminpar(tmp_path, monkeypatch):
     """``method='kaminpar'`` on a HeteroData runs KaMinPar, not METIS under
     its name, and every node of every type lands in exactly one part."""
     import pyg_sar
-    from pyg_sar.partition import heterogeneous
+    from pyg_sar.partition.write import heterogeneous
     sys.path.insert(0, os.path.dirname(__file__))
     from _hetero import hard_hetero
 
     def no_metis(*args, **kwargs):
         raise AssertionError('METIS ran for method="kaminpar"')
 
-    monkeypatch.setattr(heterogeneous, '_metis_parts', no_metis)
+    monkeypatch.setattr(heterogeneous, 'metis_parts', no_metis)
     data = hard_hetero()
     root = str(tmp_path / 'k')
     manifest = pyg_sar.partition_graph(data, 3, root, method='kaminpar')

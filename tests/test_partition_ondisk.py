@@ -16,11 +16,11 @@ from _dist import run_workers
 from _graphs import hard_graph
 from pyg_sar.partition import load_partition, partition_graph
 from pyg_sar.partition.digest import _files_below
-from pyg_sar.partition.homogeneous import write_homogeneous
+from pyg_sar.partition.write.homogeneous import write_homogeneous
 from pyg_sar.partition.layout import MANIFEST_FILE
-from pyg_sar.partition.ondisk import (GraphOnDisk, save_graph,
+from pyg_sar.partition.input.ondisk import (GraphOnDisk, save_graph,
                                      write_synthetic_graph)
-from pyg_sar.partition.stream_save import StreamedSave
+from pyg_sar.partition.write.stream_save import StreamedSave
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -115,8 +115,10 @@ def test_on_disk_equals_in_memory(tmp_path, method):
 
 
 def _parallel_writer(rank, world_size, graph_dir, out_dir, kwargs):
-    from pyg_sar.comm.partition_writers import partition_graph_parallel
-    manifest = partition_graph_parallel(graph_dir, 3, out_dir, **kwargs)
+    from pyg_sar.comm import ProcessGroupExchange
+    from pyg_sar.partition import partition_graph_parallel
+    manifest = partition_graph_parallel(graph_dir, 3, out_dir, **kwargs,
+                                        exchange=ProcessGroupExchange())
     return None if manifest is None else manifest['edge_cut']['count']
 
 

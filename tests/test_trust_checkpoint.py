@@ -25,6 +25,7 @@ import torch
 import pyg_sar
 from pyg_sar import checkpoint, datasets
 from pyg_sar.comm import find_free_port
+from pyg_sar.train import checkpoint_io
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -214,17 +215,17 @@ def test_crafted_metadata_with_a_valid_hash_is_still_refused(tmp_path):
 
 
 def test_reader_refuses_crafted_metadata(tmp_path):
-    """``pyg_sar.comm``'s DCP reader: ``.metadata`` naming anything but the
+    """The checkpoints' DCP reader: ``.metadata`` naming anything but the
     format's classes is refused before it is constructed."""
     marker = tmp_path / 'pwned'
     folder = tmp_path / 'ckpt'
     folder.mkdir()
     (folder / '.metadata').write_bytes(_payload(marker))
-    error = _outcome(lambda: pyg_sar.comm.replicated_specs(str(folder)))
+    error = _outcome(lambda: checkpoint_io.replicated_specs(str(folder)))
     assert not marker.exists(), 'replicated_specs ran code'
     assert isinstance(error, ValueError) and \
         "it names 'io.open'" in str(error), error
-    error = _outcome(lambda: pyg_sar.comm.load_replicated(
+    error = _outcome(lambda: checkpoint_io.load_replicated(
         {'w': torch.zeros(2)}, str(folder)))
     assert not marker.exists(), 'load_replicated ran code'
     assert isinstance(error, ValueError) and \
@@ -232,7 +233,7 @@ def test_reader_refuses_crafted_metadata(tmp_path):
     # Truncated: refused in one line, not a traceback of pickle's.
     (folder / '.metadata').write_bytes(_payload(marker)[:10])
     with pytest.raises(ValueError, match='refusing checkpoint metadata'):
-        pyg_sar.comm.replicated_specs(str(folder))
+        checkpoint_io.replicated_specs(str(folder))
 
 
 def test_reader_refuses_values_stored_as_pickles(tmp_path):
@@ -253,7 +254,7 @@ def test_reader_refuses_values_stored_as_pickles(tmp_path):
         storage_data={MetadataIndex('w'): _StorageInfo(
             relative_path='__0_0.distcp', offset=0, length=len(payload))})
     (folder / '.metadata').write_bytes(pickle.dumps(metadata))
-    error = _outcome(lambda: pyg_sar.comm.load_replicated(
+    error = _outcome(lambda: checkpoint_io.load_replicated(
         {'w': torch.zeros(2)}, str(folder)))
     assert not marker.exists(), 'load_replicated unpickled a stored value'
     assert isinstance(error, ValueError) and "it names 'torch.distributed." \

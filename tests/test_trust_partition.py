@@ -293,10 +293,10 @@ def test_real_processed_files_still_load(shared_data_root):
 
 
 def test_second_of_two_concurrent_runs_fails(tmp_path, monkeypatch):
-    import pyg_sar.partition.homogeneous as homogeneous
+    import pyg_sar.partition.write.homogeneous as homogeneous
     out_dir = tmp_path / 'out'
     reached, release = threading.Event(), threading.Event()
-    real_save = homogeneous._save
+    real_save = homogeneous.save_file
 
     def slow_save(obj, path):
         # The slow run has passed its output checks and is writing.
@@ -305,7 +305,7 @@ def test_second_of_two_concurrent_runs_fails(tmp_path, monkeypatch):
             assert release.wait(60)
         real_save(obj, path)
 
-    monkeypatch.setattr(homogeneous, '_save', slow_save)
+    monkeypatch.setattr(homogeneous, 'save_file', slow_save)
     outcome = {}
 
     def slow_run():

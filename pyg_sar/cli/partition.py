@@ -19,8 +19,8 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
         "(needs the ogb package)")
     source.add_argument(
         '--input', metavar='DIR',
-        help='a graph directory (pyg_sar.partition.ondisk: .npy files read '
-        'memory-mapped); under torchrun --nproc-per-node K, K processes '
+        help='a graph directory (pyg_sar.partition.input.ondisk: .npy files '
+        'read memory-mapped); under torchrun --nproc-per-node K, K processes '
         'write the shards')
     parser.add_argument(
         '--root', default='data',
@@ -62,13 +62,13 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
 
 def _run_partition(args: argparse.Namespace) -> int:
     from pyg_sar import datasets
-    from pyg_sar.partition.out_dir import _check_out_dir
+    from pyg_sar.partition.write.out_dir import check_out_dir
     from pyg_sar.partition import partition_graph
 
     if args.input is not None:
         return _run_partition_input(args)
     # Fail before the (possibly slow) dataset load, not after it.
-    _check_out_dir(osp.abspath(args.out), args.overwrite)
+    check_out_dir(osp.abspath(args.out), args.overwrite)
 
     synthetic_options = {
         name: getattr(args, name)
@@ -109,15 +109,16 @@ def _run_partition(args: argparse.Namespace) -> int:
 
 def _run_partition_input(args: argparse.Namespace) -> int:
     r"""``--input DIR``: a graph directory, written by one process or, under
-    ``torchrun``, by every rank (:mod:`pyg_sar.comm.partition_writers`)."""
+    ``torchrun``, by every rank
+    (:func:`~pyg_sar.partition.partition_graph_parallel`)."""
     import os
     from datetime import timedelta
 
     import torch
 
-    from pyg_sar.comm import init_distributed
-    from pyg_sar.comm.partition_writers import partition_graph_parallel
-    from pyg_sar.partition.ondisk import GraphOnDisk, open_npy
+    from pyg_sar.comm import ProcessGroupExchange, init_distributed
+    from pyg_sar.partition import partition_graph_parallel
+    from pyg_sar.partition.input.ondisk import GraphOnDisk, open_npy
 
     from pyg_sar.datasets import SYNTHETIC_DEFAULTS
     synthetic = [name for name in SYNTHETIC_DEFAULTS
@@ -146,7 +147,8 @@ def _run_partition_input(args: argparse.Namespace) -> int:
         graph, args.num_parts, args.out, method=args.method,
         balance_train=not args.no_balance_train, seed=args.seed,
         overwrite=args.overwrite, allow_non_finite=args.allow_non_finite,
-        assignment=assignment, **kwargs, **_threads(args))
+        assignment=assignment, **kwargs, **_threads(args),
+        exchange=ProcessGroupExchange())
     if manifest is not None:
         _print_result(args, manifest)
         print(f"time: {manifest['time_s']['total']:.1f}s partition")
@@ -218,57 +220,20 @@ def _format_table(header: List[str], rows: List[List[str]]) -> str:
     return '\n'.join(lines)
 
 
-# What ``pyg-sar info`` reads of a manifest, checked before anything is
-# printed (see pyg_sar.partition.reader._check_schema).
-_NUMBER = (int, float)
-_ATTR_INFO = {'shape': list, 'dtype': str}
-_INFO_COMMON = {
-    'pyg_sar_version': str, 'method': str, 'num_parts': int,
-    'num_nodes': int, 'num_edges': int,
-    'edge_cut': {'count': int, 'fraction': _NUMBER},
-    'balance': {'*': _NUMBER}, 'time_s': {'*': _NUMBER},
-}
-_INFO_HOMOGENEOUS = {
-    **_INFO_COMMON,
-    'perm_file': str,
-    'source': {'node_attrs': {'*': _ATTR_INFO},
-               'edge_attrs': {'*': _ATTR_INFO}},
-    'parts': [{'num_nodes': int, 'num_edges': int,
-               'num_train_nodes': (int, type(None)),
-               'num_remote_edges': int, 'num_halo_nodes': int}],
-}
-_INFO_HETERO = {
-    **_INFO_COMMON,
-    'node_types': [str], 'edge_types': [[str]],
-    'num_nodes_dict': {'*': int}, 'num_edges_dict': {'*': int},
-    'edge_cut': {'count': int, 'fraction': _NUMBER,
-                 'per_type': {'*': {'fraction': _NUMBER}}},
-    'balance_per_type': {'nodes': {'*': _NUMBER}, 'edges': {'*': _NUMBER}},
-    'source': {'node_attrs': {'*': {'*': _ATTR_INFO}},
-               'edge_attrs': {'*': {'*': _ATTR_INFO}}},
-    'parts': [{'num_nodes_dict': {'*': int}, 'num_edges_dict': {'*': int},
-               'num_train_nodes': (dict, type(None)),
-               'num_remote_edges': int, 'num_halo_nodes': {'*': int}}],
-}
-
-
 def _run_info(args: argparse.Namespace) -> int:
     from pyg_sar.partition.layout import MANIFEST_FILE
-    from pyg_sar.partition.reader import (_check_format, _check_schema,
-                                          _parse_json, _read_bytes)
+    from pyg_sar.partition.read.manifest import (check_summary, parse_json,
+                                                 read_bytes)
     path = osp.join(args.dir, MANIFEST_FILE)
     if not osp.isfile(path):
         raise FileNotFoundError(f"'{path}' not found; is '{args.dir}' a "
                                 f"partition written by pyg-sar?")
-    manifest = _parse_json(_read_bytes(path), path)
+    manifest = parse_json(read_bytes(path), path)
     if args.json:  # as it is, whatever its version
         print(json.dumps(manifest, indent=2))
         return 0
 
-    _check_format(manifest, path)
-    hetero = manifest.get('is_hetero') is True
-    _check_schema(manifest, _INFO_HETERO if hetero else _INFO_HOMOGENEOUS,
-                  path)
+    hetero = check_summary(manifest, path)
     try:  # fields that refer to each other (types, parts) may still clash
         text = (_hetero_info(args.dir, manifest) if hetero else
                 _homogeneous_info(args.dir, manifest))

@@ -11,8 +11,9 @@ The user's API (``__all__``): joining and leaving the process group
 (:func:`init_distributed`, :func:`shutdown`), the settings and counters
 (:func:`configure`, :func:`comm_stats`), the errors, the collectives a
 training script calls (:func:`all_reduce`, :func:`global_count`,
-:func:`global_sum`, ...) and the model helpers (:func:`sync_params`,
-:func:`all_reduce_grads`, :func:`ddp_sum_hook`).
+:func:`global_sum`, ...), the model helpers (:func:`sync_params`,
+:func:`all_reduce_grads`, :func:`ddp_sum_hook`) and the exchange of the
+partition writers (:class:`ProcessGroupExchange`).
 
 Layout:
 
@@ -40,6 +41,12 @@ Layout:
   exchanges apart (no tags), the loaders' traffic included.
 - :mod:`~pyg_sar.comm.model`: :func:`sync_params`,
   :func:`all_reduce_grads`, :func:`ddp_sum_hook`.
+- :mod:`~pyg_sar.comm.shard_exchange`: :class:`ProcessGroupExchange`, the
+  collectives of the K writers of
+  :func:`~pyg_sar.partition.partition_graph_parallel`.
+- :mod:`~pyg_sar.comm.dcp`: ``torch.distributed.checkpoint``'s save and
+  load, with the reader that the checkpoints' trust rules
+  (:mod:`pyg_sar.train.checkpoint_io`) plug into.
 
 The later stages also call the package's own plumbing as
 ``pyg_sar.comm.<name>`` (``PLUMBING``: the all-to-all, the exchanges, the
@@ -58,6 +65,7 @@ from pyg_sar.comm.launcher import install_failure_hook
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
 from pyg_sar.comm.process_group import (after_init, find_free_port, get_rank,
                                         get_world_size, init_distributed)
+from pyg_sar.comm.shard_exchange import ProcessGroupExchange
 from pyg_sar.comm.state import (CommConfig, comm_stats, config, configure,
                                 reset_comm_stats)
 
@@ -71,15 +79,14 @@ __all__ = [
     'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
     'report_failure', 'barrier', 'all_reduce', 'broadcast_',
     'all_gather_object', 'global_sum', 'global_count', 'sync_params',
-    'all_reduce_grads', 'ddp_sum_hook',
+    'all_reduce_grads', 'ddp_sum_hook', 'ProcessGroupExchange',
 ]
 
 #: The package's own plumbing, reached as ``pyg_sar.comm.<name>`` by the
 #: later stages (name -> its module, a module itself where the name is the
 #: module's last component; imported on first use): the all-to-all and the
 #: exchanges of the engine, the graph and the loaders, their channels and
-#: buffers, the agreement on settings, the work a rank left unfinished, and
-#: the replicated checkpoint files.
+#: buffers, the agreement on settings and the work a rank left unfinished.
 PLUMBING = {
     'all_to_all_v': 'pyg_sar.comm.collectives',
     'ask_owners': 'pyg_sar.comm.collectives',
@@ -91,10 +98,6 @@ PLUMBING = {
     'buffers': 'pyg_sar.comm.buffers',
     'agree': 'pyg_sar.comm.agreement',
     'finish_before_next_operation': 'pyg_sar.comm.sequence',
-    'save_replicated': 'pyg_sar.comm.checkpoint_io',
-    'load_replicated': 'pyg_sar.comm.checkpoint_io',
-    'replicated_specs': 'pyg_sar.comm.checkpoint_io',
-    'checkpoint_io': 'pyg_sar.comm.checkpoint_io',
 }
 
 

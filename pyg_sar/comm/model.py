@@ -8,11 +8,15 @@ import torch.distributed as dist
 from pyg_sar.comm.collectives import all_reduce, broadcast_
 from pyg_sar.comm.process_group import is_active
 from pyg_sar.comm.state import STATS
+from pyg_sar.utils.layer_guard import guard_layers
 
 
 def sync_params(model: torch.nn.Module, src: int = 0) -> None:
     """Broadcasts rank ``src``'s parameters and buffers to every rank, so all
-    workers start from identical weights."""
+    workers start from identical weights. Stock PyG layers left in the
+    model refuse a :class:`~pyg_sar.DistGraph` with an error that names
+    :func:`~pyg_sar.nn.to_distributed` (:mod:`pyg_sar.utils.layer_guard`)."""
+    guard_layers(model)
     if not is_active():
         return
     with torch.no_grad():

@@ -7,7 +7,7 @@ downloaded by PyG on connected machines; offline, point ``root`` at a folder
 that holds their raw files in PyG's layout. For graphs too large to build in
 memory, :func:`~pyg_sar.datasets.synthetic_ondisk.write_synthetic_dcsbm`
 writes the synthetic model straight to a graph directory (its only import of
-``pyg_sar``: the ``.npy`` writer of :mod:`pyg_sar.partition.ondisk`).
+``pyg_sar``: the ``.npy`` writer of :mod:`pyg_sar.partition.input.ondisk`).
 """
 from pyg_sar.datasets.catalog import available, load, random_planetoid_split
 from pyg_sar.datasets.synthetic import SYNTHETIC_DEFAULTS, synthetic_graph

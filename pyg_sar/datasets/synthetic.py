@@ -214,13 +214,12 @@ def sample_dc_sbm_edges(
     intra_community_ratio: float,
     generator: torch.Generator,
 ) -> Tuple[Tensor, Tensor]:
-    """``(src, dst)`` of ``num_samples`` degree-corrected SBM edges: each
-    endpoint drawn in proportion to its node's propensity
-    (``theta_cumsum``, cumulative), the destination within the source's
-    community (``community[v]`` is node ``v``'s; community ``c`` holds ids
-    ``community_ptr[c]`` to ``community_ptr[c + 1] - 1``) with probability
-    ``intra_community_ratio``, else anywhere. Shared by the in-memory and
-    the on-disk generator, so both draw the same graph."""
+    """:obj:`num_samples` edges of the model, as :obj:`(src, dst)` ids of
+    the community layout (before the caller shuffles ids): every source
+    drawn by degree propensity (the running sum :obj:`theta_cumsum`), its
+    destination by propensity within the source's community with
+    probability :obj:`intra_community_ratio`, else within the whole graph.
+    The in-memory and the streamed generator both draw with it."""
     total = float(theta_cumsum[-1])
     src = _sample_by_weight(theta_cumsum, 0.0, total, num_samples, generator)
     is_intra = torch.rand(num_samples, generator=generator) < \

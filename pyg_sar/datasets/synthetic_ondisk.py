@@ -1,8 +1,9 @@
 r""":func:`~pyg_sar.datasets.synthetic_graph`'s model, written to a graph
-directory (:mod:`pyg_sar.partition.ondisk`) a chunk of edges at a time, for
-graphs too large to build in memory (hundreds of millions of edges): the
-input of the partitioner's scale benchmark. (:func:`~pyg_sar.partition.ondisk.write_synthetic_graph`
-writes a harder model: half of every node's edges from anywhere.)
+directory (:mod:`pyg_sar.partition.input.ondisk`) a chunk of edges at a
+time, for graphs too large to build in memory (hundreds of millions of
+edges): the input of the partitioner's scale benchmark.
+(:func:`~pyg_sar.partition.input.ondisk.write_synthetic_graph` writes a
+harder model: half of every node's edges from anywhere.)
 
 The same degree-corrected stochastic block model, with the same defaults:
 communities of random sizes (about one per 500 nodes), power-law degree
@@ -24,7 +25,8 @@ import torch
 from pyg_sar.datasets.synthetic import (community_count, community_layout,
                                         degree_propensities,
                                         sample_dc_sbm_edges)
-from pyg_sar.partition.ondisk import NpyWriter, npy_writers, write_graph_json
+from pyg_sar.partition.input.ondisk import (NpyWriter, npy_writers,
+                                            write_graph_json)
 
 
 def write_synthetic_dcsbm(root: str, num_nodes: int, avg_degree: int = 20,

@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_sar.utils.device import power_of_two_at_most
+
 
 @dataclass
 class EdgeChunk:
@@ -98,13 +100,6 @@ def _transpose_family(chunks: List[EdgeChunk], num_src: int,
         if with_perm:
             perm.copy_(order)
         chunk._csr_t = (crow, col, perm if with_perm else None)
-
-
-def power_of_two_at_most(n: int) -> int:
-    """The largest power of two not above ``n`` (at least 1): chunk and
-    slice sizes are rounded down to one, so that layers of similar widths
-    cut blocks alike and share one set of cached cuts."""
-    return 1 << (max(int(n), 1).bit_length() - 1)
 
 
 def index_dtype(largest: int) -> torch.dtype:
@@ -231,3 +226,7 @@ def _make_chunks(src: Tensor, dst: Tensor, edge_pos: Tensor,
     for chunk in chunks:
         chunk.family = chunks
     return chunks
+
+
+# power_of_two_at_most: re-exported for the engine, which imports it from here.
+__all__ = ['EdgeChunk', 'EdgeBlock', 'index_dtype', 'power_of_two_at_most']

@@ -15,12 +15,13 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.graph.guard import install_guard
 from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk, index_dtype
 from pyg_sar.graph.exchange import RowPlan, fetch_rows, push_rows
 from pyg_sar.graph.link import fetch_nodes, global_ids
 from pyg_sar.graph.mfg import LayerWise
 from pyg_sar.graph.self_loops import kept_base_edges, make_loop_view
+from pyg_sar.graph.transport import (merged_block, post_row_exchange,
+                                    remote_block)
 from pyg_sar.utils.malloc import configure_allocator, release_free_memory
 from pyg_sar.utils.openmp import warn_if_spinning
 
@@ -113,7 +114,8 @@ class DistGraph:
             node live with its owner, so it is complete locally).
     """
 
-    # What pyg_sar/graph/guard.py looks for in a stock layer's arguments.
+    # What pyg_sar/utils/layer_guard.py looks for in a stock layer's
+    # arguments.
     is_dist_graph = True
     # Methods the engine, the views and the loaders use: left out of the
     # user reference (docs/_ext/pyg_sar_api.py lists them apart).
@@ -154,10 +156,6 @@ class DistGraph:
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
         configure_allocator()  # RSS tracks live tensors (pyg_sar/utils/malloc.py)
-        # From now on a stock layer that meets a DistGraph says to call
-        # to_distributed (graph/guard.py); importing the package hooks
-        # nothing.
-        install_guard()
         warn_if_spinning()  # torch loaded first: pyg_sar/utils/openmp.py
         self.mode = mode
         self.chunk_size = chunk_size
@@ -170,7 +168,7 @@ class DistGraph:
         self.orig_ids = part.orig_ids
         # Edge attributes of the partition (named in the log line of a layer
         # that does not read them), and the values of a partitioned adj_t
-        # that this graph stands in for (pyg_sar/nn/adj_values.py).
+        # that this graph stands in for (pyg_sar.nn.message_passing.fill_adj_t_values).
         self.partition_edge_attrs = tuple(getattr(part, 'edge_attr_names',
                                                   ()))
         source = (getattr(part, 'manifest', None) or {}).get('source', {})
@@ -346,27 +344,12 @@ class DistGraph:
         return self.blocks[0]
 
     def remote_block(self, peer: int) -> Optional[EdgeBlock]:
-        for block in self.blocks[1:]:
-            if block.peer == peer:
-                return block
-        return None
+        return remote_block(self, peer)
 
     def merged_block(self) -> EdgeBlock:
-        """All edges as one block over the table ``[local rows; halo rows of
-        each remote block in ring order]`` (the ``one_shot`` layout)."""
-        if self._merged is None:
-            srcs, offset = [], 0
-            for block in self.blocks:
-                srcs.append(block.src + offset)
-                offset += block.num_src
-            src = torch.cat(srcs)
-            dst = torch.cat([b.dst for b in self.blocks])
-            pos = torch.cat([b.edge_pos for b in self.blocks])
-            order = torch.argsort(dst, stable=True)
-            self._merged = EdgeBlock(self.rank, offset, src[order], dst[order],
-                                     pos[order], self.num_nodes,
-                                     self.chunk_size)
-        return self._merged
+        """All edges as one block (the ``one_shot`` layout; see
+        :func:`pyg_sar.graph.transport.merged_block`)."""
+        return merged_block(self)
 
     @property
     def num_halo_nodes(self) -> int:
@@ -412,30 +395,10 @@ class DistGraph:
                           recv_rows: Optional[Tuple[int, int]] = None,
                           heads_first: Sequence[bool] = ()
                           ) -> comm.PendingExchange:
-        """Posts the plan's row exchange for per-node ``tensors``: to each
-        peer in ``send_to`` the rows ``send_ids[peer]``, and from each peer in
-        ``recv_from`` the rows ``recv_ids[peer]`` of its tensors (same row
-        shape and dtype). Peers without rows in the plan are skipped.
-        ``send_rows`` / ``recv_rows`` (``(start, stop)``) exchange only that
-        range of those lists (a halo slice). A tensor ``k`` with
-        ``heads_first[k]`` (rows ``[H, C]``) travels and arrives head-major,
-        ``[H, rows, C]``, as the attention value path reads it."""
-        def ids(table: Dict[int, Tensor], q: int, rows) -> Tensor:
-            return table[q] if rows is None else table[q][rows[0]:rows[1]]
-
-        flags = list(heads_first) + [False] * (len(tensors) - len(heads_first))
-
-        sends = {q: [comm.buffers.gather_rows(
-                         t, ids(self.send_ids, q, send_rows), hf)
-                     for t, hf in zip(tensors, flags)]
-                 for q in send_to if q in self.send_ids}
-        def received(q: int) -> list:
-            rows = int(ids(self.recv_ids, q, recv_rows).numel())
-            return [(comm.buffers.rows_shape(rows, t.shape[1:], hf), t.dtype)
-                    for t, hf in zip(tensors, flags)]
-
-        shapes = {q: received(q) for q in recv_from if q in self.recv_ids}
-        return comm.post_exchange(sends, shapes, tensors[0].device)
+        """Posts the plan's row exchange for per-node ``tensors`` (see
+        :func:`pyg_sar.graph.transport.post_row_exchange`)."""
+        return post_row_exchange(self, tensors, send_to, recv_from,
+                                 send_rows, recv_rows, heads_first)
 
     def global_in_degree_of_sources(self) -> List[Tensor]:
         """In-degree of every block's source nodes (fetched once, cached)."""

@@ -21,7 +21,6 @@ from torch import Tensor
 from pyg_sar import comm
 from pyg_sar.graph.dist_graph import (DistGraph, check_options,
                                       check_partition_set, explicit_device)
-from pyg_sar.graph.guard import install_guard
 
 EdgeType = Tuple[str, str, str]
 
@@ -58,13 +57,12 @@ class HeteroDistGraph(Mapping):
         orig_ids_dict: Per node type, the input-graph id of every local node.
     """
 
-    is_dist_graph = True  # pyg_sar/graph/guard.py
+    is_dist_graph = True  # pyg_sar/utils/layer_guard.py
 
     def __init__(self, part, mode: str = 'sar',
                  chunk_size: Optional[int] = None,
                  device: Optional[torch.device] = None) -> None:
         check_options(mode, chunk_size)
-        install_guard()  # (as DistGraph: graph/guard.py)
         self.mode, self.chunk_size = mode, chunk_size
         self.rank, self.world_size = int(part.rank), int(part.num_parts)
         self.node_types: List[str] = list(part.node_types)

@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 from torch import Tensor
 
 from pyg_sar.graph import DistGraph
-from pyg_sar.nn.adj_values import fill_adj_t_values
+from pyg_sar.nn.message_passing import fill_adj_t_values
 from pyg_sar.nn.gcn_norm import NormalizedEdges, gcn_norm, normalization
 from pyg_sar.nn.neighborhood import (log_once, pull_edge_tensors,
                                      whole_propagate)
@@ -41,7 +41,7 @@ class DistAdapter:
     neighborhoods.
     """
 
-    # Called with a DistGraph by design (pyg_sar/graph/guard.py).
+    # Called with a DistGraph by design (pyg_sar/utils/layer_guard.py).
     accepts_dist_graph = True
     _sar_graph: Optional[DistGraph] = None
 

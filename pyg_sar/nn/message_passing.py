@@ -1,16 +1,30 @@
-"""``DistMessagePassing``: PyG's ``MessagePassing`` over a ``DistGraph``."""
+"""``DistMessagePassing``: PyG's ``MessagePassing`` over a ``DistGraph``.
+
+A graph partitioned from a weighted ``adj_t`` stands in for it
+(:func:`fill_adj_t_values`): PyG's ``gcn2_cora`` example keeps normalized
+edge weights as the values of ``adj_t`` (``T.GCNNorm()`` +
+``T.ToSparseTensor()``) and calls ``conv(x, adj_t)``: a layer whose
+``forward`` takes ``edge_weight`` then multiplies every message by the
+value. A graph partitioned from such an ``adj_t``
+(:mod:`pyg_sar.partition.input.pyg_inputs`) keeps the values as the edge
+attribute ``edge_weight`` and marks them as ``adj_t``'s; its ``DistGraph``
+carries them (``graph.adj_t_values``), and every layer that takes
+``edge_weight`` and is called without one gets them, so the stock script's
+call ``conv(x, graph)`` gets the same weights. Layers without an
+``edge_weight`` argument (``SAGEConv``, ``GINConv``, ...) drop the values,
+as PyG does for them. An ``edge_weight`` passed explicitly always wins.
+"""
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-import torch
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn import engine
-from pyg_sar.nn.adj_values import fill_adj_t_values
 from pyg_sar.nn.neighborhood import log_once, propagate_on_graph
 
 # Reads of these in ``message`` need every in-edge of a destination at once.
@@ -70,7 +84,7 @@ class DistMessagePassing(MessagePassing):
       and never gathered per edge.
     """
 
-    # Called with a DistGraph by design (pyg_sar/graph/guard.py).
+    # Called with a DistGraph by design (pyg_sar/utils/layer_guard.py).
     accepts_dist_graph = True
     linear_message: bool = False
     message_parameters: Optional[Sequence[str]] = None
@@ -85,7 +99,7 @@ class DistMessagePassing(MessagePassing):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # A graph partitioned from a weighted adj_t hands its values to a
-        # forward that takes edge_weight and is given none (adj_values.py).
+        # forward that takes edge_weight and is given none (fill_adj_t_values).
         args, kwargs = fill_adj_t_values(self.forward, args, kwargs)
         return super().__call__(*args, **kwargs)
 
@@ -240,3 +254,35 @@ def _check_layer_wise(module, reason: Optional[str]) -> None:
         raise ValueError(f"{name}: attention dropout is not supported with "
                          f"layer-wise MFGs (its mask depends on the edges "
                          f"visited); set dropout=0 or run without layer_wise")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_signature(func: Callable) -> inspect.Signature:
+    return inspect.signature(func)
+
+
+def fill_adj_t_values(forward: Callable, args: Tuple,
+                      kwargs: Dict[str, Any]) -> Tuple[Tuple, Dict[str, Any]]:
+    r""":obj:`(args, kwargs)` of a call of :obj:`forward`, with
+    :obj:`edge_weight` set to the graph's :obj:`adj_t_values` where the
+    call passes a :class:`~pyg_sar.DistGraph` that has them, :obj:`forward`
+    takes :obj:`edge_weight` and the call gives none."""
+    target = getattr(forward, '__func__', forward)
+    signature = _forward_signature(target)
+    if 'edge_weight' not in signature.parameters:
+        return args, kwargs
+    graph = next((a for a in list(args) + list(kwargs.values())
+                  if getattr(a, 'is_dist_graph', False) is True), None)
+    values = getattr(graph, 'adj_t_values', None)
+    if values is None:
+        return args, kwargs
+    owner = getattr(forward, '__self__', None)
+    prefix = () if owner is None else (owner, )
+    try:
+        bound = signature.bind(*prefix, *args, **kwargs)
+    except TypeError:
+        return args, kwargs  # the call itself is wrong: let forward say so
+    if bound.arguments.get('edge_weight') is not None:
+        return args, kwargs
+    bound.arguments['edge_weight'] = values
+    return bound.args[len(prefix):], bound.kwargs

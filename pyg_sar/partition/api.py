@@ -1,19 +1,24 @@
-"""The partitioner's entry point: :func:`partition_graph` hands a
+"""The partitioner's entry points: :func:`partition_graph` hands a
 homogeneous :class:`~torch_geometric.data.Data` or a graph on disk
-(:mod:`~pyg_sar.partition.ondisk`) to
-:mod:`~pyg_sar.partition.homogeneous` and a
+(:mod:`~pyg_sar.partition.input.ondisk`) to
+:mod:`~pyg_sar.partition.write.homogeneous` and a
 :class:`~torch_geometric.data.HeteroData` to
-:mod:`~pyg_sar.partition.heterogeneous`."""
+:mod:`~pyg_sar.partition.write.heterogeneous`;
+:func:`partition_graph_parallel` runs the homogeneous writer as one of K
+processes."""
 import importlib.util
 import os
 from typing import Any, Dict, Optional, Union
 
+from torch import Tensor
+
 from torch_geometric.data import Data, HeteroData
 
-from pyg_sar.partition.heterogeneous import partition_hetero_graph
-from pyg_sar.partition.homogeneous import write_homogeneous
-from pyg_sar.partition.ondisk import GraphOnDisk
-from pyg_sar.partition.pyg_inputs import normalize_pyg_inputs
+from pyg_sar.partition.input.ondisk import GraphOnDisk
+from pyg_sar.partition.input.pyg_inputs import normalize_pyg_inputs
+from pyg_sar.partition.write.heterogeneous import partition_hetero_graph
+from pyg_sar.partition.write.homogeneous import write_homogeneous
+from pyg_sar.partition.write.shards import MAX_UNIT_EDGES
 
 
 # Edges from which method='auto' picks KaMinPar: METIS holds ~117 bytes per
@@ -48,22 +53,22 @@ def partition_graph(
     :obj:`out_dir` in PyG's distributed on-disk format.
 
     A :class:`~torch_geometric.data.HeteroData` is partitioned by
-    :func:`pyg_sar.partition.heterogeneous.partition_hetero_graph` (every
+    :func:`pyg_sar.partition.write.heterogeneous.partition_hetero_graph` (every
     node type balanced, per-type ids, PyG's heterogeneous layout); the rest
     of this description is about a homogeneous :class:`Data`.
 
     A graph on disk (a directory written by
-    :func:`~pyg_sar.partition.ondisk.save_graph` or laid out as
-    :mod:`~pyg_sar.partition.ondisk` describes, or a
-    :class:`~pyg_sar.partition.ondisk.GraphOnDisk`) is read memory-mapped:
-    its files are checked (size against header, dtype, shape) and its data
+    :func:`~pyg_sar.partition.input.ondisk.save_graph` or laid out as
+    :mod:`~pyg_sar.partition.input.ondisk` describes, or a
+    :class:`~pyg_sar.partition.input.ondisk.GraphOnDisk`) is read
+    memory-mapped: its files are checked (size against header, dtype, shape) and its data
     streamed (ids in range, no NaN or inf, labels) before any shard is
     written, then edges and rows are read a chunk at a time, so that
     neither :obj:`edge_index` nor :obj:`x` is ever whole in memory beyond
     what the assignment needs. Given the same assignment the files are
     byte for byte those of the in-memory path. K processes can write the
     shards in parallel (``torchrun ... -m pyg_sar.cli partition --input``):
-    :func:`~pyg_sar.comm.partition_writers.partition_graph_parallel`.
+    :func:`partition_graph_parallel`.
 
     Nodes are relabeled so that part :obj:`i` owns the contiguous new ids
     :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1` (stable in the input
@@ -100,7 +105,7 @@ def partition_graph(
             ParHIP file in a child process, so a crash is a one-line
             error; node balance capped at 1.01) or :obj:`"random"`
             (balanced random assignment). See
-            :func:`pyg_sar.partition.assign.assign_parts`. :obj:`"auto"`
+            :func:`pyg_sar.partition.assign.parts.assign_parts`. :obj:`"auto"`
             picks KaMinPar for graphs of :obj:`AUTO_KAMINPAR_EDGES` (10M)
             edges or more, where METIS's ~117 bytes per edge start to
             matter, and METIS below; the manifest records the method that
@@ -145,3 +150,81 @@ def partition_graph(
         data, num_parts, out_dir, method=method, balance_train=balance_train,
         seed=seed, overwrite=overwrite, progress=progress,
         allow_non_finite=allow_non_finite, **extra)
+
+
+def partition_graph_parallel(
+    data: Any,
+    num_parts: int,
+    out_dir: str,
+    method: str = 'auto',
+    balance_train: bool = True,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Optional[bool] = None,
+    allow_non_finite: bool = False,
+    assignment: Optional[Tensor] = None,
+    chunk_edges: Optional[int] = None,
+    max_unit_edges: int = MAX_UNIT_EDGES,
+    threads: Optional[int] = None,
+    *,
+    exchange: Any,
+) -> Optional[Dict[str, Any]]:
+    r""":func:`partition_graph` written by K processes that cooperate
+    through :obj:`exchange`, the collectives of the K writers: under
+    ``torchrun --nproc-per-node K``, after
+    :func:`~pyg_sar.comm.init_distributed`, pass
+    :class:`pyg_sar.comm.ProcessGroupExchange` (without a process group it
+    is one writer). Every rank calls it with the same arguments.
+
+    Rank 0 checks the input, computes the assignment (or takes a given one)
+    and broadcasts the relabelling; rank :obj:`r` then reads the
+    :obj:`r`-th slice of the edge list and of the node rows (memory-mapped
+    from a graph directory, :mod:`pyg_sar.partition.input.ondisk`), sends
+    every edge and node row to the writer of its part with
+    :obj:`exchange.all_to_all`, and writes parts :obj:`r, r + K, ...`;
+    rank 0 writes the maps, hashes every file and writes the manifest once
+    all parts are done, then renames the folder into place. The files are
+    byte for byte those of one writer.
+
+    The output folder must be one shared path for all ranks (one host, or a
+    shared file system across hosts). Every wait is bounded by the timeout
+    of :func:`~pyg_sar.comm.init_distributed` (rank 0's assignment
+    included, so give a large graph a generous one).
+
+    Args:
+        data: A graph directory (:class:`str`, :class:`os.PathLike` or
+            :class:`~pyg_sar.partition.input.ondisk.GraphOnDisk`), or a
+            homogeneous :class:`~torch_geometric.data.Data` that every rank
+            holds.
+        assignment (torch.Tensor, optional): One part id per node, used
+            instead of computing one (read on rank 0 only).
+        chunk_edges (int, optional): Edges read per chunk. (default: 1/16
+            of the edges, between 1M and 16M)
+        max_unit_edges (int, optional): In-edges of a part written per pass
+            (a larger part takes several passes over the edges).
+        exchange: The writers' collectives: :obj:`rank`,
+            :obj:`world_size`, :meth:`all_to_all`, :meth:`all_reduce_sum`,
+            :meth:`gather_objects` and :meth:`broadcast`, as
+            :class:`~pyg_sar.partition.write.shards.LocalExchange` (one
+            writer) and :class:`pyg_sar.comm.ProcessGroupExchange` (the
+            process group) offer them.
+
+    The other arguments are :func:`partition_graph`'s.
+
+    Returns:
+        The manifest on rank 0, :obj:`None` on the other ranks.
+    """
+    if isinstance(data, HeteroData):
+        raise ValueError("partition_graph_parallel takes a homogeneous graph "
+                         "(Data or a graph directory); partition a "
+                         "HeteroData with partition_graph")
+    if method == 'auto':
+        if not isinstance(data, (Data, GraphOnDisk)):
+            data = GraphOnDisk(data)
+        method = auto_method(int(data.num_edges))
+    return write_homogeneous(
+        data, num_parts, out_dir, method=method, balance_train=balance_train,
+        seed=seed, overwrite=overwrite, progress=progress,
+        allow_non_finite=allow_non_finite, exchange=exchange,
+        assignment=assignment, chunk_edges=chunk_edges,
+        max_unit_edges=max_unit_edges, threads=threads)

@@ -1,6 +1,6 @@
 """The on-disk layout of a partition directory: file names shared by the
-writer (:mod:`pyg_sar.partition`) and the reader
-(:mod:`pyg_sar.partition.load`), homogeneous and heterogeneous."""
+writer (:mod:`pyg_sar.partition.write`) and the reader
+(:mod:`pyg_sar.partition.read`), homogeneous and heterogeneous."""
 import os.path as osp
 
 MANIFEST_FILE = 'pyg_sar.json'
@@ -15,8 +15,10 @@ FORMAT_VERSION = 2
 METHODS = ('metis', 'kaminpar', 'random')
 
 
-def _part_dir(root: str, part: int) -> str:
+def part_path(root: str, part: int) -> str:
+    """The folder of part ``part`` in the partition directory ``root``."""
     return osp.join(root, f'part_{part}')
+
 
 # Heterogeneous partitions: one file per node type or edge type in these
 # folders (PyG's names for the maps; ours for the node and edge
@@ -27,7 +29,7 @@ PERM_DIR = 'perm'
 EDGE_PERM_DIR = 'edge_perm'
 
 
-def _edge_type_str(edge_type) -> str:
+def edge_type_str(edge_type) -> str:
     r"""PyG's name of an edge type in file names and dictionary keys:
     :obj:`'src__rel__dst'`."""
     return '__'.join(edge_type)

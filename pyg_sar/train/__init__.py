@@ -4,8 +4,10 @@
 :func:`~pyg_sar.nn.to_distributed` and trains it with the global loss
 (:func:`distributed_loss`) and global accuracies (:func:`evaluate`).
 :mod:`~pyg_sar.train.checkpoint` saves and resumes sharded checkpoints with
-``torch.distributed.checkpoint``, verifies them against the hashes they
-record and falls back to the newest intact one;
+``torch.distributed.checkpoint`` (its replicated tensors stored by
+:mod:`~pyg_sar.train.checkpoint_io`, which trusts nothing it reads back),
+verifies them against the hashes they record and falls back to the newest
+intact one;
 :mod:`~pyg_sar.train.run_log` writes the per-epoch metrics and curves of a
 run; :mod:`~pyg_sar.train.files` holds the atomic writes, content hashes and
 output-path checks they share.

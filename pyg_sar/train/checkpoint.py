@@ -17,11 +17,12 @@ A checkpoint is a directory ``DIR/epoch-<K>``::
 **Storage.** Parameters of a full-batch model are replicated: every rank
 holds the same weights and, after :func:`pyg_sar.all_reduce_grads`, the same
 optimizer state. Their tensors go through ``torch.distributed.checkpoint``
-(DCP, via :func:`pyg_sar.comm.save_replicated`): DCP's default planner
-deduplicates keys that several ranks save, so each tensor is written once
-(spread over the ranks) instead of once per rank. DCP assumes the replicas
-are equal and would silently keep one of them, so :func:`save` compares a
-digest of every tensor across ranks first and refuses replicas that differ.
+(DCP, via :func:`pyg_sar.train.checkpoint_io.save_replicated`): DCP's
+default planner deduplicates keys that several ranks save, so each tensor
+is written once (spread over the ranks) instead of once per rank. DCP
+assumes the replicas are equal and would silently keep one of them, so
+:func:`save` compares a digest of every tensor across ranks first and
+refuses replicas that differ.
 DCP does not take the rest: it pickles non-tensor values (optimizer
 ``param_groups``, scheduler state) and reads them back with
 ``torch.load(weights_only=False)``, and it would merge per-rank values under
@@ -43,7 +44,7 @@ one is complete.
 rank checks ``meta.json`` against its checksum and every file it will read
 against the size and hash ``meta.json`` records; DCP's ``.metadata`` is
 unpickled with an allowlist of the format's own classes
-(:mod:`pyg_sar.comm.checkpoint_io`) and the per-rank files with
+(:mod:`pyg_sar.train.checkpoint_io`) and the per-rank files with
 ``weights_only=True``. A checkpoint that fails is a
 :class:`CorruptCheckpointError`; :func:`resume` then sets it aside as
 ``epoch-<K>.corrupt``, says so in one line, and resumes from the newest
@@ -73,6 +74,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
+from pyg_sar.train import checkpoint_io
 from pyg_sar.train.files import (HASH_ALGORITHM, bytes_digest, file_digest,
                                  fsync_dir, hash_tree, write_atomically,
                                  write_text_atomically)
@@ -207,7 +209,7 @@ def _agree(error: Optional[BaseException], payload: Any = None) -> List:
     return [p for _, p in gathered]
 
 
-def _check_count(name: str, value: Any, minimum: int) -> None:
+def check_count(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or \
             value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum} (got "
@@ -302,9 +304,9 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
     # 1. Local checks, digests of the replicas, and a fresh temp directory.
     error, digests = None, None
     try:
-        _check_count('epoch', epoch, 0)
+        check_count('epoch', epoch, 0)
         if keep_last is not None:
-            _check_count('keep_last', keep_last, 1)
+            check_count('keep_last', keep_last, 1)
         meta = {'format': FORMAT_VERSION, 'epoch': epoch,
                 'world_size': world_size, 'fingerprint': fingerprint,
                 'extra': extra or {}, 'torch': torch.__version__,
@@ -351,7 +353,7 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
                 f"(sync_params and all_reduce_grads keep it so)")
 
     # 2. Replicated tensors (DCP, deduplicated) and this rank's own state.
-    comm.save_replicated(tensors, tmp)
+    checkpoint_io.save_replicated(tensors, tmp)
     rank_state['rng'] = rng_state()
     error = None
     try:
@@ -518,13 +520,13 @@ def _inspect(path: str, model: torch.nn.Module, optimizer,
     rank, world_size = comm.get_rank(), comm.get_world_size()
     meta = _read_meta(path)
     _check_meta(path, meta, world_size, fingerprint, expect)
-    io = comm.checkpoint_io
-    _verify(path, meta, io.METADATA_FILE)
+    _verify(path, meta, checkpoint_io.METADATA_FILE)
     try:
-        data_files = io.replicated_files(path)
-        specs = comm.replicated_specs(path)
-    except io.UnsafeMetadataError as e:
-        raise _corrupt(path, f"'{io.METADATA_FILE}' is refused: "
+        data_files = checkpoint_io.replicated_files(path)
+        specs = checkpoint_io.replicated_specs(path)
+    except checkpoint_io.UnsafeMetadataError as e:
+        raise _corrupt(path, f"'{checkpoint_io.METADATA_FILE}' is "
+                       f"refused: "
                        f"{e.reason}") from None
     except OSError as e:
         raise _corrupt(path, str(e)) from None
@@ -566,7 +568,7 @@ def _restore(path: str, inspected, model: torch.nn.Module, optimizer,
     """Collective: loads the checkpoint ``path`` that every rank
     inspected."""
     meta, rank_state, tensors = inspected
-    comm.load_replicated(tensors, path)
+    checkpoint_io.load_replicated(tensors, path)
     error = None
     try:
         model_state = {k[len(_MODEL):]: v for k, v in tensors.items()

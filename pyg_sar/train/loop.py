@@ -224,9 +224,9 @@ def train(parts: str, model: str = 'sage', layers: int = 3,
     import numpy as np
 
     from pyg_sar.train import checkpoint
-    checkpoint._check_count('checkpoint_every', checkpoint_every, 1)
+    checkpoint.check_count('checkpoint_every', checkpoint_every, 1)
     if keep_last is not None:
-        checkpoint._check_count('keep_last', keep_last, 1)
+        checkpoint.check_count('keep_last', keep_last, 1)
     if keep_last is not None and checkpoint_dir is None:
         raise ValueError(f"keep_last={keep_last} needs checkpoint_dir")
     _check_paths(parts, checkpoint_dir, save_model, log_dir)

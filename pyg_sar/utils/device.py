@@ -93,7 +93,14 @@ def default_edge_budget(device: torch.device) -> int:
     else:
         budget = min(CPU_BUDGET_MAX, max(CPU_BUDGET_MIN,
                                          cap.cache_bytes // 2))
-    return 1 << (int(budget).bit_length() - 1)
+    return power_of_two_at_most(budget)
+
+
+def power_of_two_at_most(n: int) -> int:
+    """The largest power of two not above ``n`` (at least 1): chunk and
+    slice sizes are rounded down to one, so that layers of similar widths
+    cut blocks alike and share one set of cached cuts."""
+    return 1 << (max(int(n), 1).bit_length() - 1)
 
 
 def _probe(device: torch.device) -> DeviceCapacity:

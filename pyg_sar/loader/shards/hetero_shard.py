@@ -1,7 +1,7 @@
 """What the heterogeneous loader needs of one part (:class:`HeteroShard`):
 per node type the ownership and the node attributes, per edge type the local
 CSC and the edge attributes, read from a
-:class:`pyg_sar.partition.hetero_load.HeteroPartition` or from PyG's
+:class:`pyg_sar.partition.HeteroPartition` or from PyG's
 heterogeneous ``LocalFeatureStore``/``LocalGraphStore``.
 
 Ids are per type and those of the partition: part ``p`` owns the ids

@@ -43,6 +43,6 @@ class AntiSymmetricConv(pyg_nn.AntiSymmetricConv):
         - **output:** :math:`(|\mathcal{V}^{(p)}|, F)`
     """
 
-    # Called with a DistGraph by design (pyg_sar/graph/guard.py).
+    # Called with a DistGraph by design (pyg_sar/utils/layer_guard.py).
     accepts_dist_graph = True
 register_switch(pyg_nn.AntiSymmetricConv, AntiSymmetricConv)

@@ -47,7 +47,7 @@ class WLConv(pyg_nn.WLConv):
         - **output:** :math:`(|\mathcal{V}^{(p)}|)` (``long``)
     """
 
-    # Called with a DistGraph by design (pyg_sar/graph/guard.py).
+    # Called with a DistGraph by design (pyg_sar/utils/layer_guard.py).
     accepts_dist_graph = True
     flow = 'source_to_target'  # in-neighbors, as PyG's WLConv reads them
 

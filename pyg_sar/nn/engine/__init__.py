@@ -20,16 +20,18 @@ Backward, per mode: ``"sar"`` re-fetches each block and recomputes it,
 Gradients of remote source rows go back to their owners, which sum what all
 peers send.
 
-Layout, one concern per module:
+Layout: the plan is the factory, the Function drives, one aggregator per
+kind, and the graph's transport moves rows.
 
 * :mod:`.spec`: what one propagation is (the plan's fields);
-* :mod:`.plan`: argument classification and plan building (:func:`propagate`);
-* :mod:`.function`: :class:`SARFunction` and the runner's core (forward and
-  backward dispatch, chunking, the backward of general messages);
-* :mod:`.messages`: per-chunk argument gathering and message evaluation;
-* :mod:`.ring`: ring scheduling, fetch rounds, halo tables, gradient routing;
-* :mod:`.reduce`: sum / mean / max / min and their gradient;
-* :mod:`.sparse`: the linear (sparse product) path;
+* :mod:`.plan`: argument classification, the kind of aggregation and its
+  aggregator (:func:`propagate`);
+* :mod:`.function`: :class:`SARFunction`, the inputs and their gradients,
+  and the :class:`~.function.Aggregator` base that runs both passes over
+  :class:`pyg_sar.graph.transport.Transport` and cuts blocks into chunks;
+* :mod:`.sparse`: linear messages as sparse products;
+* :mod:`.messages`: messages evaluated per chunk, and their backward;
+* :mod:`.reduce`: sum / mean / max / min of messages and their gradient;
 * :mod:`.attention`: the online softmax, dropout and attention gradients.
 """
 from pyg_sar.nn.engine.function import SARFunction

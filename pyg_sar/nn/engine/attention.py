@@ -4,12 +4,15 @@ with replayable dropout, and its FlashAttention-style backward. Values that
 are plain source rows are aggregated with one sparse product per head."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from pyg_sar.graph.blocks import EdgeChunk
+from pyg_sar import comm
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk, power_of_two_at_most
+from pyg_sar.nn.engine.function import widest_row
+from pyg_sar.nn.engine.messages import LIVE_COPIES, MessageAggregator
 from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul, sparse_csr,
                                        sparse_kernels_fit)
 
@@ -17,68 +20,123 @@ from pyg_sar.nn.engine.sparse import (csr_into, csr_matmul, sparse_csr,
 _SOFTMAX_EPS = 1e-16
 
 
-class AttentionMixin:
-    """Owns the runner's ``attention`` kind: the online-softmax forward, the
-    per-head sparse products of the value path, dropout masks, and the
-    gradients of scores and values (``_probabilities``,
-    ``_sparse_attention_grads``, ``_attention_grads``)."""
+class AttentionAggregator(MessageAggregator):
+    """Softmax-weighted sum over all in-edges of each destination and head,
+    computed online: running max and sum per destination and head, rescaled
+    as blocks arrive. With ``plan.value_source`` the values are the rows of
+    a source table (``message_is_identity``), aggregated with one sparse
+    product per head and never gathered per edge."""
 
-    def _forward_attention(self) -> Tensor:
-        """Online softmax over all in-edges of each destination and head."""
-        g = self.graph
-        keep = self._keeps_graph()
-        run_max = run_sum = out = None
-        kept = []
-        for block, tables in self._blocks():
-            named = self._named(tables)
-            heads = self._value_heads(named)
-            for c_idx, chunk in enumerate(self._chunks(block)):
-                outputs, made = self._compute(chunk, named, grad=keep)
-                score = outputs[0]
-                value = outputs[1] if heads is None else None
-                if out is None:
-                    run_max = score.new_full((g.num_nodes, *score.shape[1:]),
-                                             float('-inf'))
-                    run_sum = torch.zeros_like(run_max)
-                    width = (value.shape[1:] if heads is None else
-                             (heads.shape[0], heads.shape[2]))
-                    out = score.new_zeros((g.num_nodes, *width))
-                if chunk.num_edges == 0:
-                    continue
-                if keep:
-                    kept.append((block.key, chunk, c_idx, made, outputs,
-                                 heads))
-                score = score.detach()
-                lo, hi = chunk.row_start, chunk.row_end
-                # int64: scatter needs it, and index_add_ runs 3x faster
-                rows = (chunk.dst - lo).long()
-                idx = rows.view(-1, 1).expand_as(score)
-                old_max = run_max[lo:hi]
-                new_max = old_max.clone().scatter_reduce_(
-                    0, idx, score, 'amax', include_self=True)
-                scale = torch.where(new_max == float('-inf'),
-                                    torch.zeros_like(new_max),
-                                    torch.exp(old_max - new_max))
-                weight = (score - new_max.gather(0, idx)).exp_()
-                run_sum[lo:hi] = run_sum[lo:hi] * scale + torch.zeros_like(
-                    old_max).scatter_add_(0, idx, weight)
-                mask = self._dropout_mask(block.key, c_idx, weight)
-                if not isinstance(mask, float):  # (1.0 without dropout)
-                    weight = weight * mask
-                part = out[lo:hi]  # a view: updated in place
-                part.mul_(scale.unsqueeze(-1))
-                if heads is None:
-                    part.index_add_(0, rows,
-                                    weight.unsqueeze(-1) * value.detach())
-                else:
-                    self._add_per_head_spmm(part, chunk, weight, heads)
-                run_max[lo:hi] = new_max
-            # This block's rows go before the ring posts the next fetch.
-            tables = named = heads = outputs = made = value = None
-        out.div_((run_sum + _SOFTMAX_EPS).unsqueeze(-1))
-        self.state.update(out=out, run_max=run_max, run_sum=run_sum,
-                          kept=kept)
-        return out
+    def heads_first(self) -> List[bool]:
+        # The value table is fetched, and its gradient built and sent,
+        # head-major: its per-head products read and write it so.
+        return [name == self.plan.value_source
+                for name in self.inputs.src_names]
+
+    def edge_cost(self) -> Tuple[int, int]:
+        plan, inputs = self.plan, self.inputs
+        if plan.value_source is None:
+            return super().edge_cost()
+        # Only the score's inputs are gathered per edge (scores,
+        # probabilities, masks and their gradients: twice as many); values
+        # appear per destination row.
+        gathered = [inputs.tensors[s] for s in inputs.slots_read(
+            'edge_score')]
+        widest = widest_row([inputs.tensors[plan.src_slots[
+            plan.value_source]]])
+        rows_per_edge = self.graph.num_nodes / max(self.graph.num_edges, 1)
+        per_edge = int(2 * LIVE_COPIES * widest_row(gathered) +
+                       LIVE_COPIES * widest * rows_per_edge) + 1
+        return per_edge, widest
+
+    def row_limit(self) -> Optional[int]:
+        """Destination rows per chunk on the sparse value path. Its
+        per-head products build ``[rows, channels]`` results; a block with
+        few edges per destination (a peer's block) would otherwise be one
+        chunk over all of the worker's rows, whose per-head results are
+        node-sized: mapped, faulted in and unmapped once per head. At most
+        ``edge budget / 2 KiB`` rows, the same for every layer, so layers
+        share one cut; a worker's own block, with many edges per row,
+        reaches its edge limit first and is cut as before."""
+        if self.plan.value_source is None:
+            return None
+        return power_of_two_at_most(
+            max(16, comm.config().budget_for(self.inputs.device()) // 2048))
+
+    def begin(self) -> None:
+        self.run_max = self.run_sum = self.out = None
+
+    def forward(self, block: EdgeBlock, tables: List[Tensor]) -> None:
+        named = self.named(tables)
+        heads = self.block_heads(named)
+        num_nodes = self.graph.num_nodes
+        for c_idx, chunk in enumerate(self.chunks(block)):
+            outputs, made = self.compute(chunk, named, grad=self.keep)
+            score = outputs[0]
+            value = outputs[1] if heads is None else None
+            if self.out is None:
+                self.run_max = score.new_full((num_nodes, *score.shape[1:]),
+                                              float('-inf'))
+                self.run_sum = torch.zeros_like(self.run_max)
+                width = (value.shape[1:] if heads is None else
+                         (heads.shape[0], heads.shape[2]))
+                self.out = score.new_zeros((num_nodes, *width))
+            if chunk.num_edges == 0:
+                continue
+            if self.keep:
+                self.kept.append((block.key, chunk, c_idx, made, outputs,
+                                  heads))
+            run_max, run_sum = self.run_max, self.run_sum
+            score = score.detach()
+            lo, hi = chunk.row_start, chunk.row_end
+            # int64: scatter needs it, and index_add_ runs 3x faster
+            rows = (chunk.dst - lo).long()
+            idx = rows.view(-1, 1).expand_as(score)
+            old_max = run_max[lo:hi]
+            new_max = old_max.clone().scatter_reduce_(
+                0, idx, score, 'amax', include_self=True)
+            scale = torch.where(new_max == float('-inf'),
+                                torch.zeros_like(new_max),
+                                torch.exp(old_max - new_max))
+            weight = (score - new_max.gather(0, idx)).exp_()
+            run_sum[lo:hi] = run_sum[lo:hi] * scale + torch.zeros_like(
+                old_max).scatter_add_(0, idx, weight)
+            mask = self._dropout_mask(block.key, c_idx, weight)
+            if not isinstance(mask, float):  # (1.0 without dropout)
+                weight = weight * mask
+            part = self.out[lo:hi]  # a view: updated in place
+            part.mul_(scale.unsqueeze(-1))
+            if heads is None:
+                part.index_add_(0, rows,
+                                weight.unsqueeze(-1) * value.detach())
+            else:
+                self._add_per_head_spmm(part, chunk, weight, heads)
+            run_max[lo:hi] = new_max
+
+    def finish(self) -> Tensor:
+        self.out.div_((self.run_sum + _SOFTMAX_EPS).unsqueeze(-1))
+        return self.out
+
+    def begin_backward(self, grad_out: Tensor) -> None:
+        super().begin_backward(grad_out)
+        # The output is needed for D = dO . out only: let it go before the
+        # ring (the one backward is its last use).
+        self.delta = (grad_out * self.out).sum(-1)
+        self.out = None
+
+    def block_heads(self, tables: Dict[str, Tensor]) -> Optional[Tensor]:
+        return self._value_heads(tables)
+
+    def output_grads(self, key, chunk: EdgeChunk, c_idx: int,
+                     outputs: Tuple[Tensor, ...], heads: Optional[Tensor],
+                     acc: List[Tensor]) -> Tuple[Tensor, ...]:
+        if heads is None:
+            return self._attention_grads(key, chunk, c_idx, outputs,
+                                         self.grad_out, self.delta)
+        k = self.inputs.src_names.index(self.plan.value_source)
+        return self._sparse_attention_grads(
+            key, chunk, c_idx, outputs[0], self.grad_out, self.delta, heads,
+            acc[k] if self.inputs.any_src_grad else None)
 
     def _value_heads(self, tables: Dict[str, Tensor]) -> Optional[Tensor]:
         """The value rows head-major, ``[H, num_src, C]``, on the sparse
@@ -123,9 +181,9 @@ class AttentionMixin:
         """The chunk's softmax probabilities, recomputed from the saved
         per-destination max and sum, and its replayed dropout mask."""
         # In place: one [E, H] temporary besides the result.
-        prob = score.detach() - self.state['run_max'].index_select(
+        prob = score.detach() - self.run_max.index_select(
             0, chunk.dst)
-        prob.exp_().div_(self.state['run_sum'].index_select(
+        prob.exp_().div_(self.run_sum.index_select(
             0, chunk.dst).add_(_SOFTMAX_EPS))
         return prob, self._dropout_mask(key, c_idx, prob)
 
@@ -138,7 +196,7 @@ class AttentionMixin:
         ``dO_i . v_j`` (sampled dense-dense products) are taken per head on
         the chunk's sparsity pattern; only ``[E, H]`` tensors are built.
         ``value_grad`` is a row-major view of head-major memory
-        (:meth:`_source_rows`)."""
+        (:meth:`Transport.zeros`)."""
         prob, mask = self._probabilities(key, chunk, c_idx, score)
         # (no copy without dropout: the mask is then 1.0)
         weighted = prob if isinstance(mask, float) else prob * mask

@@ -4,8 +4,9 @@
 attention layers, ``edge_score``), sorts the call's keyword arguments into
 source rows (``x_j``), destination rows (``x_i``), edge tensors (``edge_*``)
 and constants, picks the kind of aggregation (general messages, a linear
-message, a sparse product, or attention) and hands the plan and the flat list
-of its differentiable inputs to :class:`SARFunction`.
+message, a sparse product, or attention) and the aggregator that runs it
+(:data:`AGGREGATORS`), and hands the plan and the flat list of its
+differentiable inputs to :class:`SARFunction`.
 """
 from __future__ import annotations
 
@@ -16,17 +17,24 @@ import torch
 from torch import Tensor
 
 from pyg_sar.graph import DistGraph
+from pyg_sar.nn.engine.attention import AttentionAggregator
 from pyg_sar.nn.engine.function import SARFunction, compute_dtype
-from pyg_sar.nn.engine.spec import Plan as _Plan, Signature as _Signature
+from pyg_sar.nn.engine.reduce import ReduceAggregator
+from pyg_sar.nn.engine.sparse import SparseAggregator
+from pyg_sar.nn.engine.spec import Plan, Signature
+
+# The aggregator of each kind of plan.
+AGGREGATORS = {'spmm': SparseAggregator, 'linear': ReduceAggregator,
+               'general': ReduceAggregator, 'attention': AttentionAggregator}
 
 SUPPORTED_AGGRS = ('sum', 'mean', 'max', 'min')
 _SPECIAL_ARGS = ('index', 'dim_size', 'size_i', 'ptr')
 
 
-_SIGNATURES: Dict[type, _Signature] = {}
+_SIGNATURES: Dict[type, Signature] = {}
 
 
-def _signature(module) -> _Signature:
+def _signature(module) -> Signature:
     cls = type(module)
     if cls not in _SIGNATURES:
         methods = ['message'] + (['edge_score'] if module.attention else [])
@@ -49,7 +57,7 @@ def _signature(module) -> _Signature:
         if not j_names:
             raise TypeError(f"{cls.__name__}.message() reads no *_j argument;"
                             f" nothing would flow along the edges")
-        _SIGNATURES[cls] = _Signature(j_names, i_names, params, defaults)
+        _SIGNATURES[cls] = Signature(j_names, i_names, params, defaults)
     return _SIGNATURES[cls]
 
 
@@ -121,7 +129,7 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
         else:
             constants[name] = value
 
-    plan = _Plan(module, graph, aggr, sig, src_slots, dst_slots, edge_slots,
+    plan = Plan(module, graph, aggr, sig, src_slots, dst_slots, edge_slots,
                  [], constants)
     if module.attention:
         plan.kind = 'attention'
@@ -173,6 +181,7 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
             # An input, a view or a leaf is never written over.
             add_to = add_to.clone()
         plan.init_slot = slot(add_to)
+    plan.aggregator = AGGREGATORS[plan.kind]
     out = SARFunction.apply(plan, *tensors)
     if half:
         # Computed in float32; returned in the dtype PyG's own propagate
@@ -184,7 +193,7 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
     return out
 
 
-def _result_dtype(tensors: List[Tensor], plan: _Plan) -> torch.dtype:
+def _result_dtype(tensors: List[Tensor], plan: Plan) -> torch.dtype:
     """The promotion of the floating node and edge inputs (and of a
     linear message's edge weights): the dtype of PyG's messages."""
     slots = set(plan.src_slots.values()) | set(plan.dst_slots.values()) | \

@@ -1,7 +1,8 @@
 """What one propagation is: the arguments a layer's message reads
 (:class:`Signature`) and everything the engine needs besides the
 differentiable inputs (:class:`Plan`). Built by :mod:`.plan`, run by
-:mod:`.function`; this module imports neither."""
+:mod:`.function` and the aggregator the plan names; this module imports
+none of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,3 +45,7 @@ class Plan:
     # The spmm kind's output buffer, when the caller passed ``add_to``: the
     # aggregate is added into it in place (the Function marks it dirty).
     init_slot: Optional[int] = None
+    # The aggregator class that runs it (picked by the plan's factory,
+    # :func:`pyg_sar.nn.engine.plan.propagate`), called with the plan and
+    # its inputs.
+    aggregator: Any = None

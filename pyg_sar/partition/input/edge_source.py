@@ -74,8 +74,8 @@ class TensorEdgeSource(SeekableEdgeSource):
 
 class NpyEdgeSource(SeekableEdgeSource):
     r"""The :obj:`[2, num_edges]` integer array of an ``edge_index.npy``,
-    memory-mapped (see :mod:`pyg_sar.partition.ondisk`): each chunk is read
-    from disk when it is asked for, so only one chunk is in memory."""
+    memory-mapped (see :mod:`pyg_sar.partition.input.ondisk`): each chunk is
+    read from disk when it is asked for, so only one chunk is in memory."""
 
     def __init__(self, array, num_nodes: int):
         self.array = array

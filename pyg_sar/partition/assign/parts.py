@@ -1,10 +1,9 @@
 """Which part every node goes to: :func:`assign_parts`, METIS (pymetis) or
 KaMinPar on the symmetrized graph, or a seeded random split, then no empty
 part, the node counts capped and the training nodes balanced
-(:mod:`~pyg_sar.partition.repair`). The heterogeneous writer's helpers
-(:func:`_symmetric_csr` and the in-memory :obj:`row`/:obj:`col` passes)
-live here too."""
-import math
+(:mod:`~pyg_sar.partition.assign.repair`). The heterogeneous partitioner
+runs METIS and the random split on its own in-memory structure
+(:mod:`~pyg_sar.partition.assign.in_memory`)."""
 import os.path as osp
 import tempfile
 import time
@@ -14,44 +13,26 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.edge_source import EdgeSource
-from pyg_sar.partition.kaminpar import (KAMINPAR_TIMEOUT, check_threads,
-                                        require_kaminpar, run_kaminpar)
-from pyg_sar.partition.repair import (TRAIN_BALANCE_TOLERANCE,
-                                      balance_training_nodes, cap_part_sizes,
-                                      fill_empty_parts, max_part_size,
-                                      node_balance)
-from pyg_sar.partition.symmetric import (CsrView, as_idx_arrays,
-                                         symmetric_csr, write_parhip)
+from pyg_sar.partition.assign.kaminpar import (KAMINPAR_TIMEOUT,
+                                               check_threads,
+                                               require_kaminpar, run_kaminpar)
+from pyg_sar.partition.assign.repair import (TRAIN_BALANCE_TOLERANCE,
+                                             balance_training_nodes,
+                                             cap_part_sizes, fill_empty_parts,
+                                             max_part_size, node_balance)
+from pyg_sar.partition.assign.symmetric import (CsrView, as_idx_arrays,
+                                                symmetric_csr, write_parhip)
+from pyg_sar.partition.input.edge_source import EdgeSource
 
-# The same for the node count of every node type of a heterogeneous graph.
-TYPE_BALANCE_TOLERANCE = 0.05
 # Bounds of the default chunk of assign_parts' streamed passes (edges).
 MIN_CHUNK_EDGES = 1 << 18
 MAX_CHUNK_EDGES = 1 << 21
 
 
-def _symmetric_csr(edge_index: Tensor,
-                   num_nodes: int) -> Tuple[Tensor, Tensor, Tensor]:
-    r"""Returns :obj:`(rowptr, row, col)` of the symmetrized graph without
-    self loops and duplicate edges, sorted by :obj:`(row, col)`."""
-    src, dst = edge_index[0], edge_index[1]
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    codes = torch.cat([src * num_nodes + dst, dst * num_nodes + src])
-    del src, dst, keep
-    codes = torch.unique(codes)  # sorts, so rows come out in order
-    row = codes // num_nodes
-    col = codes - row * num_nodes
-    del codes
-    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-    torch.cumsum(torch.bincount(row, minlength=num_nodes), dim=0,
-                 out=rowptr[1:])
-    return rowptr, row, col
-
-
-def _random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
-                  train_mask: Optional[Tensor]) -> Tensor:
+def random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
+                 train_mask: Optional[Tensor]) -> Tensor:
+    r"""A seeded balanced random split: part sizes differ by at most one,
+    and so do the counts of the nodes of :obj:`train_mask`."""
     # Round-robin over a random order: part sizes differ by at most one.
     # Placing training nodes first in that order balances them as well.
     order = torch.randperm(num_nodes, generator=generator)
@@ -63,7 +44,7 @@ def _random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
     return part
 
 
-def _metis_parts(rowptr: Tensor, col, num_parts: int, seed: int) -> Tensor:
+def metis_parts(rowptr: Tensor, col, num_parts: int, seed: int) -> Tensor:
     r"""k-way METIS (pymetis) of the symmetric adjacency
     :obj:`(rowptr, col)`; :obj:`col` is converted to METIS's index width
     only if it differs (an int32 :obj:`col` is not copied for a 32-bit
@@ -87,70 +68,6 @@ def _metis_parts(rowptr: Tensor, col, num_parts: int, seed: int) -> Tensor:
     return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int64))
 
 
-def _neighbors_in_part(row: Tensor, col: Tensor, part: Tensor, target: int,
-                       num_nodes: int) -> Tensor:
-    # Per node: the number of its neighbors that lie in part `target`.
-    hits = part[col] == target
-    return torch.bincount(row[hits], minlength=num_nodes)
-
-
-def _row_col_count(row: Tensor, col: Tensor, num_nodes: int):
-    return lambda part, target: _neighbors_in_part(row, col, part, target,
-                                                   num_nodes)
-
-
-def _fill_empty_parts(part: Tensor, row: Tensor, col: Tensor,
-                      num_parts: int) -> int:
-    r""":func:`pyg_sar.partition.repair.fill_empty_parts` with neighbor
-    counts from in-memory :obj:`row`/:obj:`col` arrays."""
-    return fill_empty_parts(part, _row_col_count(row, col, part.numel()),
-                            num_parts)
-
-
-def _balance_training_nodes(part: Tensor, row: Tensor, col: Tensor,
-                            train_mask: Tensor, num_parts: int,
-                            pool: Optional[Tensor] = None) -> int:
-    r""":func:`pyg_sar.partition.repair.balance_training_nodes` with
-    neighbor counts from in-memory :obj:`row`/:obj:`col` arrays."""
-    return balance_training_nodes(
-        part, _row_col_count(row, col, part.numel()), train_mask, num_parts,
-        pool=pool)
-
-
-def _balance_node_type(part: Tensor, row: Tensor, col: Tensor,
-                       type_mask: Tensor, num_parts: int) -> int:
-    r"""Moves nodes of one type (:obj:`type_mask`) from parts with too many
-    of them to parts with too few, until every part holds the mean count
-    within :obj:`TYPE_BALANCE_TOLERANCE` (and at least one node of the type
-    when it has :obj:`num_parts` nodes or more). METIS balances only the
-    total node count (pymetis has no multi-constraint balancing, see
-    :func:`_metis_parts`). Candidates are ranked by the cut change of the
-    move, so boundary nodes move first. Returns the number of moved nodes.
-    """
-    num_nodes = part.numel()
-    num_typed = int(type_mask.sum())
-    target = num_typed / num_parts
-    upper = math.floor(target * (1 + TYPE_BALANCE_TOLERANCE) + 1)
-    lower = math.ceil(target * (1 - TYPE_BALANCE_TOLERANCE) - 1)
-    lower = max(lower, 1 if num_typed >= num_parts else 0)
-    num_moved = 0
-    for _ in range(2 * num_parts * num_parts):
-        counts = torch.bincount(part[type_mask], minlength=num_parts)
-        donor, receiver = int(counts.argmax()), int(counts.argmin())
-        if counts[donor] <= upper and counts[receiver] >= lower:
-            break
-        amount = max(1, int(min(counts[donor] - target,
-                                target - counts[receiver])))
-        gain = (_neighbors_in_part(row, col, part, receiver, num_nodes) -
-                _neighbors_in_part(row, col, part, donor, num_nodes))
-        out_nodes = ((part == donor) & type_mask).nonzero().view(-1)
-        amount = min(amount, out_nodes.numel())
-        out_nodes = out_nodes[torch.topk(gain[out_nodes], amount).indices]
-        part[out_nodes] = receiver
-        num_moved += amount
-    return num_moved
-
-
 def assign_parts(
     source: EdgeSource,
     num_parts: int,
@@ -166,8 +83,8 @@ def assign_parts(
 ) -> Tuple[Tensor, Dict[str, Any]]:
     r"""Assigns every node of :obj:`source` to one of :obj:`num_parts`
     parts, with the symmetrized graph built once with little memory
-    (:func:`~pyg_sar.partition.symmetric.symmetric_csr`, about 8 bytes per
-    input edge) and no part empty. Returns the part of every node (int64)
+    (:func:`~pyg_sar.partition.assign.symmetric.symmetric_csr`, about 8
+    bytes per input edge) and no part empty. Returns the part of every node (int64)
     and statistics: :obj:`num_swapped` (training-node swaps),
     :obj:`num_moved` (nodes moved by the repair passes), :obj:`edge_cut`
     (undirected edges between parts of the symmetrized graph, :obj:`None`
@@ -179,13 +96,13 @@ def assign_parts(
     - :obj:`'metis'`: k-way METIS (pymetis) on the symmetrized graph, as
       before (the same CSR and seed give the same assignment), then empty
       parts filled. METIS is single-threaded (:obj:`threads` is ignored).
-    - :obj:`'kaminpar'`: KaMinPar (:mod:`~pyg_sar.partition.kaminpar`) on
-      a ParHIP file of the symmetrized graph in :obj:`tmp_dir`, the
+    - :obj:`'kaminpar'`: KaMinPar
+      (:mod:`~pyg_sar.partition.assign.kaminpar`) on a ParHIP file of the symmetrized graph in :obj:`tmp_dir`, the
       in-memory adjacency freed before KaMinPar starts, in a child process
       (a crash is a one-line :class:`RuntimeError`). Memory-efficient
       context by default; parts capped at
-      :func:`~pyg_sar.partition.repair.max_part_size` (node balance ≤ 1.01
-      where sizes allow), with a repair pass if KaMinPar exceeds it. The
+      :func:`~pyg_sar.partition.assign.repair.max_part_size` (node balance
+      ≤ 1.01 where sizes allow), with a repair pass if KaMinPar exceeds it. The
       seed reproduces the assignment with :obj:`threads=1` (the default);
       more threads are faster but not reproducible.
     - :obj:`'random'`: a seeded balanced random split (part sizes differ by
@@ -194,7 +111,7 @@ def assign_parts(
     With :obj:`train_mask`, training nodes are then balanced (every part
     within :obj:`TRAIN_BALANCE_TOLERANCE` of the mean, by swaps that keep
     node counts), the neighbor counts streamed from the adjacency a chunk
-    at a time (:mod:`~pyg_sar.partition.repair`).
+    at a time (:mod:`~pyg_sar.partition.assign.repair`).
 
     Args:
         source (EdgeSource): The directed edges.
@@ -213,7 +130,7 @@ def assign_parts(
             (a chunk's work space is about 120 bytes per edge). (default:
             1/32 of the edges, between :math:`2^{18}` and :math:`2^{21}`)
         kaminpar_context (str, optional): KaMinPar's context, see
-            :obj:`~pyg_sar.partition.kaminpar.KAMINPAR_CONTEXTS`.
+            :obj:`~pyg_sar.partition.assign.kaminpar.KAMINPAR_CONTEXTS`.
         timeout (float, optional): Seconds KaMinPar may run.
     """
     if method not in ('metis', 'kaminpar', 'random'):
@@ -244,7 +161,7 @@ def assign_parts(
     generator = torch.Generator().manual_seed(seed)
     if method == 'random' or num_parts == 1:
         start = stage('random assignment')
-        part = _random_parts(num_nodes, num_parts, generator, train_mask)
+        part = random_parts(num_nodes, num_parts, generator, train_mask)
         done('random', start)
         stats['node_balance'] = node_balance(part, num_parts)
         return part, stats
@@ -258,7 +175,7 @@ def assign_parts(
     stats['num_undirected_edges'] = csr.num_entries // 2
     if csr.num_entries == 0:
         # Nothing to cut: any balanced assignment is optimal.
-        part = _random_parts(num_nodes, num_parts, generator, train_mask)
+        part = random_parts(num_nodes, num_parts, generator, train_mask)
         stats.update(edge_cut=0, node_balance=node_balance(part, num_parts))
         return part, stats
 
@@ -266,7 +183,7 @@ def assign_parts(
                                      dir=tmp_dir) as folder:
         if method == 'metis':
             start = stage('METIS')
-            part = _metis_parts(csr.rowptr, csr.col, num_parts, seed)
+            part = metis_parts(csr.rowptr, csr.col, num_parts, seed)
             view: CsrView = csr
             done('metis', start)
         else:
@@ -301,5 +218,5 @@ def assign_parts(
     return part, stats
 
 
-__all__ = ['assign_parts', 'TRAIN_BALANCE_TOLERANCE',
-           'TYPE_BALANCE_TOLERANCE']
+__all__ = ['assign_parts', 'random_parts', 'metis_parts',
+           'TRAIN_BALANCE_TOLERANCE']

@@ -1,30 +1,20 @@
-"""What the homogeneous and the heterogeneous writer share: input checks,
-per-part counts and the manifest's tensor descriptions."""
-from typing import Any, Dict, Optional
+"""Input checks of the partitioner, shared by the homogeneous and the
+heterogeneous path: the method and part count asked for, an
+:obj:`edge_index`'s shape and dtype, which attribute names are per node,
+and class labels on the nodes of a mask."""
+from typing import Any, Dict
 
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.layout import FORMAT_NAME, FORMAT_VERSION, METHODS
-from pyg_sar.utils.version import __version__
+from pyg_sar.partition.layout import METHODS
 
 # Attributes that PyG and this package read per node: a tensor of one of
 # these names is a node attribute or an error, never an edge attribute.
 NODE_ATTR_NAMES = ('x', 'y', 'pos')
 
 
-def _version() -> str:
-    return __version__
-
-
-def _manifest_header() -> Dict[str, Any]:
-    r"""The first fields of every manifest: what wrote it, in which format
-    (checked by the reader)."""
-    return {'format': FORMAT_NAME, 'format_version': FORMAT_VERSION,
-            'pyg_sar_version': _version()}
-
-
-def _is_node_attr_name(key: str) -> bool:
+def is_node_attr_name(key: str) -> bool:
     r"""Whether :obj:`key` names a per-node attribute: :obj:`x`, :obj:`y`,
     :obj:`pos`, or a mask :obj:`*_mask` (except edge masks, whose name
     holds :obj:`edge`)."""
@@ -33,11 +23,11 @@ def _is_node_attr_name(key: str) -> bool:
 
 
 def _is_node_mask(key: str, value: Tensor) -> bool:
-    return _is_node_attr_name(key) and key.endswith('_mask') \
+    return is_node_attr_name(key) and key.endswith('_mask') \
         and value.dtype == torch.bool and value.dim() == 1
 
 
-def _check_labels(node_attrs: Dict[str, Tensor], prefix: str = '') -> None:
+def check_labels(node_attrs: Dict[str, Tensor], prefix: str = '') -> None:
     r"""Raises a :class:`ValueError` when the integer class labels
     :obj:`y` (one per node, or :obj:`[num_nodes, 1]`) are negative on a node
     of a mask (a boolean node attribute :obj:`*_mask`, such as
@@ -68,7 +58,7 @@ def _check_labels(node_attrs: Dict[str, Tensor], prefix: str = '') -> None:
                 f"remove the nodes from the mask")
 
 
-def _check_edge_index(edge_index: Any, name: str) -> Tensor:
+def check_edge_index(edge_index: Any, name: str) -> Tensor:
     r"""Checks that :obj:`edge_index` (called :obj:`name` in errors) is an
     integer tensor of shape :obj:`[2, num_edges]`; returns it as int64."""
     if edge_index is None:
@@ -86,48 +76,19 @@ def _check_edge_index(edge_index: Any, name: str) -> Tensor:
     return edge_index.long()
 
 
-def _check_method(method: str) -> None:
+def check_method(method: str) -> None:
+    r"""Refuses a partition method other than :obj:`METHODS`."""
     if method not in METHODS:
         raise ValueError(f"Unknown partition method '{method}'; expected one "
                          f"of {list(METHODS)}")
 
 
-def _check_num_parts(num_parts: Any, num_nodes: int) -> None:
+def check_num_parts(num_parts: Any, num_nodes: int) -> None:
+    r"""Refuses a part count that is no int or outside
+    :obj:`[1, num_nodes]`."""
     if isinstance(num_parts, bool) or not isinstance(num_parts, int):
         raise TypeError(f"'num_parts' must be an int (got "
                         f"{type(num_parts).__name__})")
     if not 1 <= num_parts <= num_nodes:
         raise ValueError(f"'num_parts' must lie in [1, num_nodes="
                          f"{num_nodes}] (got {num_parts})")
-
-
-def _count_per_part(values: Tensor, num_parts: int) -> Tensor:
-    return torch.bincount(values, minlength=num_parts)
-
-
-def _ratio(counts: Tensor) -> float:
-    mean = float(counts.double().mean())
-    return float(counts.max()) / mean if mean > 0 else 1.0
-
-
-def _num_classes(y) -> Optional[int]:
-    """The class count of the labels ``y``: ``max + 1`` of integer labels
-    (one per node, or ``[N, 1]``), the width of a multi-label ``[N, C]``
-    float/bool target; ``None`` without usable labels."""
-    if not isinstance(y, Tensor) or y.numel() == 0:
-        return None
-    if y.dim() == 2 and y.size(1) > 1:
-        return int(y.size(1))
-    if y.is_floating_point() or y.dtype == torch.bool or y.dim() > 2:
-        return None
-    return int(y.max()) + 1
-
-
-def _tensor_info(value: Tensor) -> Dict[str, Any]:
-    return dict(shape=list(value.shape), dtype=str(value.dtype))
-
-
-def _save(obj: Any, path: str) -> None:
-    torch.save(obj, path)
-
-

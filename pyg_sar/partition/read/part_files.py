@@ -1,10 +1,8 @@
-"""Reading and checking the files of a partition directory, shared by the
-homogeneous and the heterogeneous loader: the manifest's format is checked
-(:func:`_check_format`), every file is read through :class:`PartFiles`
+"""Reading and checking the files of one part, shared by the homogeneous
+and the heterogeneous loader: every file is read through :class:`PartFiles`
 (inside the partition directory, ``torch.load(weights_only=True)``, its
 content hash checked against the manifest) and every mismatch with the
-manifest is an error naming the file."""
-import json
+manifest is an error naming the file (:func:`expect` and its kin)."""
 import os.path as osp
 import posixpath
 from typing import Any, Dict, List, Optional, Tuple
@@ -14,11 +12,10 @@ from torch import Tensor
 
 from pyg_sar.partition.digest import (HASH_ALGORITHM, bytes_digest,
                                       file_digest)
-from pyg_sar.partition.layout import (FORMAT_NAME, FORMAT_VERSION,
-                                      MANIFEST_FILE, _part_dir)
+from pyg_sar.partition.layout import MANIFEST_FILE, part_path
 
 
-def _set_fields(obj: Any, attrs: Dict[str, Tensor]) -> None:
+def set_fields(obj: Any, attrs: Dict[str, Tensor]) -> None:
     """Every attribute as a field of ``obj``, except those that would shadow
     a field (they stay in the dictionaries only)."""
     for key, value in attrs.items():
@@ -26,7 +23,7 @@ def _set_fields(obj: Any, attrs: Dict[str, Tensor]) -> None:
             setattr(obj, key, value)
 
 
-def _csc_edge_index(csc_ptr: Tensor, csc_src: Tensor,
+def csc_edge_index(csc_ptr: Tensor, csc_src: Tensor,
                     dst_ids: Tensor) -> Tensor:
     """``[2, num_edges]`` ``(src, dst)`` ids of CSC-ordered in-edges of the
     nodes ``dst_ids``."""
@@ -35,133 +32,44 @@ def _csc_edge_index(csc_ptr: Tensor, csc_src: Tensor,
     return torch.stack([csc_src, dst], dim=0)
 
 
-def _read_bytes(path: str) -> bytes:
-    if not osp.isfile(path):
-        raise FileNotFoundError(f"Partition file '{path}' is missing")
-    with open(path, 'rb') as f:
-        return f.read()
-
-
-def _parse_json(raw: bytes, path: str) -> Dict[str, Any]:
-    try:
-        obj = json.loads(raw)
-    except ValueError as e:
-        raise ValueError(f"Partition file '{path}' is corrupt (invalid "
-                         f"JSON: {e})") from e
-    if not isinstance(obj, dict):
-        raise ValueError(f"Partition file '{path}' is corrupt (expected a "
-                         f"JSON object)")
-    return obj
-
-
-def _expect(condition: bool, path: str, message: str) -> None:
+def expect(condition: bool, path: str, message: str) -> None:
+    r"""Raises a :class:`ValueError` naming the file :obj:`path` and what
+    does not match the partition, unless :obj:`condition`."""
     if not condition:
         raise ValueError(f"Partition file '{path}' does not match the "
                          f"partition: {message}")
 
 
-def _expect_vector(value: Any, length: int, path: str, name: str) -> None:
-    _expect(
+def expect_vector(value: Any, length: int, path: str, name: str) -> None:
+    r""":func:`expect` that :obj:`value` (the field :obj:`name` of
+    :obj:`path`) is a vector of :obj:`length` entries."""
+    expect(
         isinstance(value, Tensor) and value.dim() == 1
         and value.numel() == length, path,
         f"'{name}' should be a vector of length {length} (got "
         f"{list(value.shape) if isinstance(value, Tensor) else value!r})")
 
 
-def _expect_permutation(value: Any, length: int, path: str,
+def expect_permutation(value: Any, length: int, path: str,
                         name: str) -> None:
     r"""Checks that :obj:`value` is a permutation of :obj:`0` to
     :obj:`length - 1` (int64): each id exactly once. Min, max and one
     :obj:`bincount`: about 0.4 s for 20M ids on the development machine."""
-    _expect_vector(value, length, path, name)
-    _expect(value.dtype == torch.long, path,
+    expect_vector(value, length, path, name)
+    expect(value.dtype == torch.long, path,
             f"'{name}' should have dtype torch.int64 (got {value.dtype})")
     if length == 0:
         return
     low, high = int(value.min()), int(value.max())
-    _expect(low >= 0 and high < length, path,
+    expect(low >= 0 and high < length, path,
             f"'{name}' holds id {low if low < 0 else high}, outside "
             f"[0, {length})")
     wrong = torch.bincount(value, minlength=length) != 1
     if bool(wrong.any()):
-        _expect(False, path,
+        expect(False, path,
                 f"'{name}' is not a permutation of [0, {length}): "
                 f"{int(wrong.sum()):,} ids are missing or repeated (first: "
                 f"{int(wrong.nonzero()[0, 0])})")
-
-
-NUMBER = (int, float)
-
-
-def _check_schema(value: Any, spec: Any, path: str, where: str = '') -> None:
-    r"""Checks the parsed JSON :obj:`value` (read from :obj:`path`; at field
-    :obj:`where`) against :obj:`spec`: a type or a tuple of types (a bool is
-    no number), a :obj:`dict` of required fields (the key :obj:`'*'`: every
-    field), or a one-element :obj:`list` (every element). A mismatch is a
-    one-line :class:`ValueError` naming the field."""
-    name = where or 'the manifest'
-    if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            raise ValueError(f"Partition file '{path}' is corrupt: field "
-                             f"'{name}' should be an object (got "
-                             f"{_short(value)})")
-        for key, item in spec.items():
-            keys = list(value) if key == '*' else [key]
-            for k in keys:
-                field = f'{where}.{k}' if where else str(k)
-                if k not in value:
-                    raise ValueError(f"Partition file '{path}' is corrupt: "
-                                     f"field '{field}' is missing")
-                _check_schema(value[k], item, path, field)
-    elif isinstance(spec, list):
-        if not isinstance(value, list):
-            raise ValueError(f"Partition file '{path}' is corrupt: field "
-                             f"'{name}' should be a list (got "
-                             f"{_short(value)})")
-        for i, item in enumerate(value):
-            _check_schema(item, spec[0], path, f'{where}[{i}]')
-    else:
-        types = spec if isinstance(spec, tuple) else (spec, )
-        if not isinstance(value, types) or (isinstance(value, bool)
-                                            and bool not in types):
-            expected = ' or '.join('null' if t is type(None) else t.__name__
-                                   for t in types)
-            raise ValueError(f"Partition file '{path}' is corrupt: field "
-                             f"'{name}' should be {expected} (got "
-                             f"{_short(value)})")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + '...'
-
-
-def _check_format(manifest: Dict[str, Any], path: str) -> None:
-    r"""Checks that the parsed manifest (read from :obj:`path`) is a
-    partition manifest of this version of the format; an older one must be
-    re-partitioned."""
-    name, version = manifest.get('format'), manifest.get('format_version')
-    if name != FORMAT_NAME:
-        raise ValueError(f"Partition file '{path}' is not a partition "
-                         f"manifest: 'format' is {name!r}, expected "
-                         f"'{FORMAT_NAME}'")
-    if version == FORMAT_VERSION:
-        return
-    written = f"pyg-sar {manifest.get('pyg_sar_version', '?')}"
-    if type(version) is not int:
-        raise ValueError(f"Partition file '{path}' is corrupt: "
-                         f"'format_version' is {version!r}, expected "
-                         f"{FORMAT_VERSION}")
-    if version < FORMAT_VERSION:
-        raise ValueError(
-            f"Partition '{osp.dirname(path)}' has format version {version} "
-            f"(written by {written}); this pyg-sar reads version "
-            f"{FORMAT_VERSION} only: re-partition the graph (pyg-sar "
-            f"partition / partition_graph)")
-    raise ValueError(
-        f"Partition '{osp.dirname(path)}' has format version {version} "
-        f"(written by {written}), newer than this pyg-sar reads "
-        f"({FORMAT_VERSION}): upgrade pyg-sar or re-partition the graph")
 
 
 class PartFiles:
@@ -255,9 +163,9 @@ class PartFiles:
     def load_dict(self, name: str, keys: Tuple[str, ...]) -> Dict[str, Any]:
         obj = self.load(name)
         path = self.path(name)
-        _expect(isinstance(obj, dict), path, 'expected a dictionary')
+        expect(isinstance(obj, dict), path, 'expected a dictionary')
         missing = [key for key in keys if key not in obj]
-        _expect(not missing, path, f'missing keys {missing}')
+        expect(not missing, path, f'missing keys {missing}')
         return obj
 
     def load_feats(self, part_dir: str, kind: str, num_rows: int,
@@ -268,12 +176,12 @@ class PartFiles:
         name = f'{part_dir}/{kind}_feats.pt'
         path = self.path(name)
         feats = self.load_dict(name, ('global_id', 'feats'))
-        _expect_vector(feats['global_id'], num_rows, path, 'global_id')
+        expect_vector(feats['global_id'], num_rows, path, 'global_id')
         attrs = feats['feats']
-        _expect(isinstance(attrs, dict) and sorted(attrs) == sorted(names),
+        expect(isinstance(attrs, dict) and sorted(attrs) == sorted(names),
                 path, f'expected {kind} attributes {names}')
         for key, value in attrs.items():
-            _expect(isinstance(value, Tensor) and value.dim() > 0
+            expect(isinstance(value, Tensor) and value.dim() > 0
                     and value.size(0) == num_rows, path,
                     f"'{key}' has {_rows(value)} rows, expected {num_rows}")
         return attrs
@@ -294,7 +202,7 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else ''
 
 
-def _check_rank(root: str, rank: Any, num_parts: int) -> str:
+def check_rank(root: str, rank: Any, num_parts: int) -> str:
     r"""Checks :obj:`rank` against :obj:`num_parts`; returns the folder of
     the part, relative to :obj:`root`."""
     if isinstance(rank, bool) or not isinstance(rank, int):
@@ -303,7 +211,7 @@ def _check_rank(root: str, rank: Any, num_parts: int) -> str:
         raise ValueError(f"'rank' must lie in [0, {num_parts - 1}] for the "
                          f"{num_parts}-part partition in '{root}' (got "
                          f"{rank})")
-    part_dir = _part_dir(root, rank)
+    part_dir = part_path(root, rank)
     if not osp.isdir(part_dir):
         raise FileNotFoundError(f"Partition directory '{part_dir}' is "
                                 f"missing")

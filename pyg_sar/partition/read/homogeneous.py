@@ -9,12 +9,14 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.hetero_load import load_hetero_partition
 from pyg_sar.partition.layout import MANIFEST_FILE, META_FILE, NODE_MAP_FILE
-from pyg_sar.partition.reader import (PartFiles, _check_format,
-                                      _check_rank, _csc_edge_index, _expect,
-                                      _expect_permutation, _expect_vector,
-                                      _parse_json, _read_bytes, _set_fields)
+from pyg_sar.partition.read.heterogeneous import load_hetero_partition
+from pyg_sar.partition.read.manifest import (check_format, parse_json,
+                                             read_bytes)
+from pyg_sar.partition.read.part_files import (PartFiles, check_rank,
+                                               csc_edge_index, expect,
+                                               expect_permutation,
+                                               expect_vector, set_fields)
 
 
 class Partition:
@@ -72,7 +74,7 @@ class Partition:
         self.edge_attr_names = list(edge_attrs)
         self.fingerprint = fingerprint
         self.manifest = manifest
-        _set_fields(self, {**node_attrs, **edge_attrs})
+        set_fields(self, {**node_attrs, **edge_attrs})
 
     @property
     def num_classes(self) -> Optional[int]:
@@ -94,7 +96,7 @@ class Partition:
     def edge_index(self) -> Tensor:
         r"""The local edges as :obj:`[2, num_local_edges]` global
         :obj:`(src, dst)` ids in CSC order."""
-        return _csc_edge_index(self.csc_ptr, self.csc_src, self.node_ids)
+        return csc_edge_index(self.csc_ptr, self.csc_src, self.node_ids)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(rank={self.rank}/'
@@ -108,7 +110,7 @@ class Partition:
 def load_partition(root: str, rank: int) -> Partition:
     r"""Loads part :obj:`rank` of the partition written to :obj:`root` by
     :func:`partition_graph`: a :class:`Partition`, or a
-    :class:`~pyg_sar.partition.hetero_load.HeteroPartition` when the
+    :class:`~pyg_sar.partition.read.heterogeneous.HeteroPartition` when the
     partition is heterogeneous (:obj:`META.json` says :obj:`is_hetero`).
 
     Only the files of this part and the shared files it needs are read
@@ -126,11 +128,11 @@ def load_partition(root: str, rank: int) -> Partition:
                                 f"exist")
     meta_path = osp.join(root, META_FILE)
     manifest_path = osp.join(root, MANIFEST_FILE)
-    meta_bytes = _read_bytes(meta_path)
-    manifest_bytes = _read_bytes(manifest_path)
-    meta = _parse_json(meta_bytes, meta_path)
-    manifest = _parse_json(manifest_bytes, manifest_path)
-    _check_format(manifest, manifest_path)
+    meta_bytes = read_bytes(meta_path)
+    manifest_bytes = read_bytes(manifest_path)
+    meta = parse_json(meta_bytes, meta_path)
+    manifest = parse_json(manifest_bytes, manifest_path)
+    check_format(manifest, manifest_path)
     # The content hashes are part of the manifest, so ranks that agree on
     # the fingerprint agree on every file they read.
     fingerprint = hashlib.sha256(meta_bytes + b'\0' +
@@ -167,21 +169,21 @@ def _load_homogeneous(root: str, rank: int, meta: Dict[str, Any],
         raise ValueError(f"Partition file '{manifest_path}' is corrupt "
                          f"(bad or missing field: {e})") from e
     num_classes = manifest.get('num_classes')
-    _expect(num_classes is None or (type(num_classes) is int
+    expect(num_classes is None or (type(num_classes) is int
                                     and num_classes >= 0), manifest_path,
             f"'num_classes' must be a non-negative integer or null (got "
             f"{num_classes!r})")
-    _expect(meta.get('num_parts') == num_parts, meta_path,
+    expect(meta.get('num_parts') == num_parts, meta_path,
             f"num_parts={meta.get('num_parts')} but '{MANIFEST_FILE}' says "
             f"{num_parts}")
-    _expect(meta.get('is_hetero') is False, meta_path,
+    expect(meta.get('is_hetero') is False, meta_path,
             'expected a homogeneous partition (is_hetero false)')
-    _expect(node_ptr.numel() == num_parts + 1 and int(node_ptr[-1])
+    expect(node_ptr.numel() == num_parts + 1 and int(node_ptr[-1])
             == num_nodes and edge_ptr.numel() == num_parts + 1
             and int(edge_ptr[-1]) == num_edges, manifest_path,
             'node_ptr/edge_ptr do not match num_parts, num_nodes, num_edges')
 
-    part_dir = _check_rank(root, rank, num_parts)
+    part_dir = check_rank(root, rank, num_parts)
 
     node_start, node_end = int(node_ptr[rank]), int(node_ptr[rank + 1])
     edge_start, edge_end = int(edge_ptr[rank]), int(edge_ptr[rank + 1])
@@ -189,11 +191,11 @@ def _load_homogeneous(root: str, rank: int, meta: Dict[str, Any],
     num_local_edges = edge_end - edge_start
 
     node_map = files.load(NODE_MAP_FILE)
-    _expect_vector(node_map, num_nodes, files.path(NODE_MAP_FILE),
+    expect_vector(node_map, num_nodes, files.path(NODE_MAP_FILE),
                    'node_map')
 
     perm = files.load(perm_file, 'perm_file')
-    _expect_permutation(perm, num_nodes, files.path(perm_file), 'perm')
+    expect_permutation(perm, num_nodes, files.path(perm_file), 'perm')
     orig_ids = perm[node_start:node_end].clone()
     del perm
 
@@ -201,17 +203,17 @@ def _load_homogeneous(root: str, rank: int, meta: Dict[str, Any],
     graph_path = files.path(graph_name)
     graph = files.load_dict(graph_name, ('edge_id', 'row', 'col', 'size'))
     for key in ('edge_id', 'row', 'col'):
-        _expect_vector(graph[key], num_local_edges, graph_path, key)
+        expect_vector(graph[key], num_local_edges, graph_path, key)
     csc_src, col, csc_eid = graph['row'], graph['col'], graph['edge_id']
     if num_local_edges > 0:
-        _expect(
+        expect(
             int(col.min()) >= node_start and int(col.max()) < node_end,
             graph_path, f'destination ids outside [{node_start}, '
             f'{node_end})')
-        _expect(
+        expect(
             int(csc_src.min()) >= 0 and int(csc_src.max()) < num_nodes,
             graph_path, f'source ids outside [0, {num_nodes})')
-        _expect(bool((col[1:] >= col[:-1]).all()), graph_path,
+        expect(bool((col[1:] >= col[:-1]).all()), graph_path,
                 'edges are not sorted by destination')
     csc_ptr = torch.zeros(num_local_nodes + 1, dtype=torch.long)
     torch.cumsum(torch.bincount(col - node_start, minlength=num_local_nodes),

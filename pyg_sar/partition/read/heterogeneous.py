@@ -8,11 +8,11 @@ from typing import Any, Dict, List, Tuple, Union
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.layout import MANIFEST_FILE, META_FILE, _edge_type_str
-from pyg_sar.partition.reader import (PartFiles, _check_rank,
-                                      _csc_edge_index, _expect,
-                                      _expect_permutation, _expect_vector,
-                                      _set_fields)
+from pyg_sar.partition.layout import MANIFEST_FILE, META_FILE, edge_type_str
+from pyg_sar.partition.read.part_files import (PartFiles, check_rank,
+                                               csc_edge_index, expect,
+                                               expect_permutation,
+                                               expect_vector, set_fields)
 
 EdgeType = Tuple[str, str, str]
 
@@ -59,7 +59,7 @@ class NodePart(_Subscript):
         self.orig_ids = orig_ids
         self.node_attrs = node_attrs
         self.node_attr_names = list(node_attrs)
-        _set_fields(self, node_attrs)
+        set_fields(self, node_attrs)
 
     @property
     def num_local_nodes(self) -> int:
@@ -98,7 +98,7 @@ class EdgePart(_Subscript):
         self.orig_eids = orig_eids
         self.edge_attrs = edge_attrs
         self.edge_attr_names = list(edge_attrs)
-        _set_fields(self, edge_attrs)
+        set_fields(self, edge_attrs)
 
     @property
     def num_local_edges(self) -> int:
@@ -108,7 +108,7 @@ class EdgePart(_Subscript):
     def edge_index(self) -> Tensor:
         r"""The local edges as :obj:`[2, num_local_edges]` new per-type
         :obj:`(src, dst)` ids in CSC order."""
-        return _csc_edge_index(self.csc_ptr, self.csc_src, self.dst_ids)
+        return csc_edge_index(self.csc_ptr, self.csc_src, self.dst_ids)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.edge_type}, "
@@ -124,7 +124,7 @@ class HeteroPartition:
     :obj:`part[node_type]` is a :class:`NodePart`, :obj:`part[edge_type]`
     (a :obj:`(src, rel, dst)` tuple or the :obj:`'src__rel__dst'` string)
     an :class:`EdgePart`. Node and edge ids are per type; see
-    :func:`pyg_sar.partition.heterogeneous.partition_hetero_graph`.
+    :func:`pyg_sar.partition.write.heterogeneous.partition_hetero_graph`.
     """
     is_hetero = True
 
@@ -140,7 +140,7 @@ class HeteroPartition:
         self.manifest = manifest
         self._nodes = nodes
         self._edges = edges
-        self._edge_names = {_edge_type_str(e): e for e in edges}
+        self._edge_names = {edge_type_str(e): e for e in edges}
 
     def metadata(self) -> Tuple[List[str], List[EdgeType]]:
         return list(self.node_types), list(self.edge_types)
@@ -195,7 +195,7 @@ class HeteroPartition:
 
     def __repr__(self) -> str:
         nodes = {t: s.num_local_nodes for t, s in self._nodes.items()}
-        edges = {_edge_type_str(e): s.num_local_edges
+        edges = {edge_type_str(e): s.num_local_edges
                  for e, s in self._edges.items()}
         return (f'{self.__class__.__name__}(rank={self.rank}/'
                 f'{self.num_parts}, num_local_nodes={nodes}, '
@@ -214,21 +214,21 @@ def _typed_feats(path: str, feats: Dict[Any, Any], key: Any, ids: Tensor,
     ``edge_feats.pt``, checked: global ids :obj:`ids`, exactly the
     attributes :obj:`names`. A type without local rows may be absent."""
     if key not in feats:
-        _expect(ids.numel() == 0, path, f'{key!r} is missing')
+        expect(ids.numel() == 0, path, f'{key!r} is missing')
         return {name: _empty_like_info(infos[name]) for name in names}
     entry = feats[key]
-    _expect(isinstance(entry, dict) and 'global_id' in entry
+    expect(isinstance(entry, dict) and 'global_id' in entry
             and isinstance(entry.get('feats'), dict), path,
             f"{key!r} should hold 'global_id' and 'feats'")
-    _expect_vector(entry['global_id'], ids.numel(), path,
+    expect_vector(entry['global_id'], ids.numel(), path,
                    f'{key!r} global_id')
-    _expect(torch.equal(entry['global_id'], ids), path,
+    expect(torch.equal(entry['global_id'], ids), path,
             f"{key!r} global_id is not [{int(ids[0])}, {int(ids[-1]) + 1})")
     attrs = entry['feats']
-    _expect(sorted(attrs) == sorted(names), path,
+    expect(sorted(attrs) == sorted(names), path,
             f'{key!r}: expected attributes {names}')
     for name, value in attrs.items():
-        _expect(isinstance(value, Tensor) and value.dim() > 0
+        expect(isinstance(value, Tensor) and value.dim() > 0
                 and value.size(0) == ids.numel(), path,
                 f"{key!r} '{name}' should have {ids.numel()} rows")
     return {name: attrs[name] for name in names}
@@ -256,7 +256,7 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
         num_parts = int(manifest['num_parts'])
         node_types = [str(t) for t in manifest['node_types']]
         edge_types = [tuple(e) for e in manifest['edge_types']]
-        names = [_edge_type_str(e) for e in edge_types]
+        names = [edge_type_str(e) for e in edge_types]
         node_ptr = {t: torch.tensor(manifest['node_ptr'][t],
                                     dtype=torch.long) for t in node_types}
         edge_ptr = {e: torch.tensor(manifest['edge_ptr'][n],
@@ -280,10 +280,10 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"Partition file '{manifest_path}' is corrupt "
                          f"(bad or missing field: {e})") from e
-    _expect(meta.get('num_parts') == num_parts, meta_path,
+    expect(meta.get('num_parts') == num_parts, meta_path,
             f"num_parts={meta.get('num_parts')} but '{MANIFEST_FILE}' says "
             f"{num_parts}")
-    _expect(meta.get('node_types') == node_types and [
+    expect(meta.get('node_types') == node_types and [
         tuple(e) for e in meta.get('edge_types') or []
     ] == edge_types, meta_path,
             f"node/edge types differ from those of '{MANIFEST_FILE}'")
@@ -291,21 +291,21 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
                             for t in node_types] + [
                                 (e, edge_ptr[e], num_edges[e])
                                 for e in edge_types]:
-        _expect(ptr.numel() == num_parts + 1 and int(ptr[0]) == 0
+        expect(ptr.numel() == num_parts + 1 and int(ptr[0]) == 0
                 and int(ptr[-1]) == count
                 and bool((ptr[1:] >= ptr[:-1]).all()), manifest_path,
                 f'node_ptr/edge_ptr of {key!r} do not match num_parts and '
                 f'its count {count}')
-    part_dir = _check_rank(root, rank, num_parts)
+    part_dir = check_rank(root, rank, num_parts)
 
     nodes: Dict[str, NodePart] = {}
     node_path = files.path(f'{part_dir}/node_feats.pt')
     node_feats = files.load(f'{part_dir}/node_feats.pt')
-    _expect(isinstance(node_feats, dict), node_path, 'expected a dictionary')
+    expect(isinstance(node_feats, dict), node_path, 'expected a dictionary')
     for t in node_types:
         start, end = int(node_ptr[t][rank]), int(node_ptr[t][rank + 1])
         perm = files.load(perm_files[t], f'perm_files.{t}')
-        _expect_permutation(perm, num_nodes[t], files.path(perm_files[t]),
+        expect_permutation(perm, num_nodes[t], files.path(perm_files[t]),
                             'perm')
         attrs = _typed_feats(node_path, node_feats, t,
                              torch.arange(start, end), node_names[t],
@@ -319,42 +319,42 @@ def load_hetero_partition(root: str, rank: int, meta: Dict[str, Any],
     graph_path = files.path(f'{part_dir}/graph.pt')
     edge_path = files.path(f'{part_dir}/edge_feats.pt')
     graph = files.load(f'{part_dir}/graph.pt')
-    _expect(isinstance(graph, dict), graph_path, 'expected a dictionary')
+    expect(isinstance(graph, dict), graph_path, 'expected a dictionary')
     edge_feats = files.load(f'{part_dir}/edge_feats.pt')
-    _expect(isinstance(edge_feats, dict), edge_path, 'expected a dictionary')
+    expect(isinstance(edge_feats, dict), edge_path, 'expected a dictionary')
     for e in edge_types:
         src, _, dst = e
         start, end = int(edge_ptr[e][rank]), int(edge_ptr[e][rank + 1])
         count = end - start
-        _expect(e in graph, graph_path, f'edge type {e} is missing')
+        expect(e in graph, graph_path, f'edge type {e} is missing')
         entry = graph[e]
-        _expect(isinstance(entry, dict) and all(
+        expect(isinstance(entry, dict) and all(
             k in entry for k in ('edge_id', 'row', 'col')), graph_path,
                 f"{e} should hold 'edge_id', 'row' and 'col'")
         for key in ('edge_id', 'row', 'col'):
-            _expect_vector(entry[key], count, graph_path, f'{e} {key}')
+            expect_vector(entry[key], count, graph_path, f'{e} {key}')
         row, col, eid = entry['row'], entry['col'], entry['edge_id']
         dst_start = int(node_ptr[dst][rank])
         dst_end = int(node_ptr[dst][rank + 1])
         if count > 0:
-            _expect(int(col.min()) >= dst_start and int(col.max()) < dst_end,
+            expect(int(col.min()) >= dst_start and int(col.max()) < dst_end,
                     graph_path, f'{e} destination ids outside '
                     f'[{dst_start}, {dst_end})')
-            _expect(int(row.min()) >= 0 and int(row.max()) < num_nodes[src],
+            expect(int(row.min()) >= 0 and int(row.max()) < num_nodes[src],
                     graph_path, f'{e} source ids outside '
                     f'[0, {num_nodes[src]})')
             key = col * max(num_nodes[src], 1) + row
-            _expect(bool((key[1:] >= key[:-1]).all()), graph_path,
+            expect(bool((key[1:] >= key[:-1]).all()), graph_path,
                     f'{e} edges are not sorted by (destination, source)')
-            _expect(torch.equal(eid, torch.arange(start, end)), graph_path,
+            expect(torch.equal(eid, torch.arange(start, end)), graph_path,
                     f'{e} edge ids are not [{start}, {end})')
         csc_ptr = torch.zeros(dst_end - dst_start + 1, dtype=torch.long)
         torch.cumsum(torch.bincount(col - dst_start,
                                     minlength=dst_end - dst_start), dim=0,
                      out=csc_ptr[1:])
-        name = _edge_type_str(e)
+        name = edge_type_str(e)
         perm = files.load(edge_perm_files[e], f'edge_perm_files.{name}')
-        _expect_permutation(perm, num_edges[e],
+        expect_permutation(perm, num_edges[e],
                             files.path(edge_perm_files[e]), 'edge_perm')
         attrs = _typed_feats(edge_path, edge_feats, e,
                              torch.arange(start, end), edge_names[e],

@@ -1,7 +1,7 @@
 """A homogeneous :class:`~torch_geometric.data.Data` as the partitioner's
-input: :func:`_split_attributes` checks it and sorts its attributes into
-node, edge and graph attributes; :func:`_data_source` wraps it, without a
-copy, as a :class:`~pyg_sar.partition.edge_source.GraphSource` (the
+input: :func:`split_attributes` checks it and sorts its attributes into
+node, edge and graph attributes; :func:`source_of_data` wraps it, without a
+copy, as a :class:`~pyg_sar.partition.input.edge_source.GraphSource` (the
 interface a graph on disk offers too)."""
 import time
 from typing import Any, Dict, Optional, Tuple
@@ -10,13 +10,13 @@ from torch import Tensor
 
 from torch_geometric.data import Data
 
-from pyg_sar.partition.common import (_check_edge_index, _check_labels,
-                                      _is_node_attr_name)
-from pyg_sar.partition.edge_source import GraphSource, TensorEdgeSource
-from pyg_sar.partition.finite import check_finite
+from pyg_sar.partition.input.checks import (check_edge_index, check_labels,
+                                            is_node_attr_name)
+from pyg_sar.partition.input.edge_source import GraphSource, TensorEdgeSource
+from pyg_sar.partition.input.finite import check_finite
 
 
-def _split_attributes(
+def split_attributes(
     data: Data,
 ) -> Tuple[int, Tensor, Dict[str, Tensor], Dict[str, Tensor], Dict[str, Any]]:
     r"""Validates :obj:`data` and sorts its attributes into node-level,
@@ -28,7 +28,7 @@ def _split_attributes(
         raise TypeError(f"Expected a 'torch_geometric.data.Data' object "
                         f"(got '{type(data).__name__}')")
 
-    edge_index = _check_edge_index(data.get('edge_index'), 'data.edge_index')
+    edge_index = check_edge_index(data.get('edge_index'), 'data.edge_index')
 
     num_nodes = data.num_nodes
     if num_nodes is None or num_nodes < 1:
@@ -55,7 +55,7 @@ def _split_attributes(
             elif value.size(0) == num_nodes and not (
                     value.size(0) == num_edges and 'edge' in key):
                 node_attrs[key] = value
-            elif value.size(0) == num_edges and _is_node_attr_name(key):
+            elif value.size(0) == num_edges and is_node_attr_name(key):
                 raise ValueError(
                     f"Node attribute '{key}' has {value.size(0)} rows, "
                     f"one per edge (num_edges={num_edges}); expected one "
@@ -80,13 +80,13 @@ def _split_attributes(
     return num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs
 
 
-def _data_source(data: Data, allow_non_finite: bool
+def source_of_data(data: Data, allow_non_finite: bool
                  ) -> Tuple[GraphSource, Optional[float]]:
     r"""Checks a :class:`Data` and wraps it as an in-memory
     :class:`GraphSource` (no copy)."""
     num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
-        _split_attributes(data)
-    _check_labels(node_attrs)
+        split_attributes(data)
+    check_labels(node_attrs)
     check_time = None
     if not allow_non_finite:
         check_start = time.perf_counter()

@@ -2,7 +2,7 @@ r"""KaMinPar (`github.com/KaMinPar/KaMinPar
 <https://github.com/KaMinPar/KaMinPar>`_, ``pip install kaminpar``), a
 shared-memory multilevel graph partitioner with METIS-quality cuts, run on
 the ParHIP file of the symmetrized graph
-(:func:`~pyg_sar.partition.symmetric.write_parhip`) in a child process.
+(:func:`~pyg_sar.partition.assign.symmetric.write_parhip`) in a child process.
 
 Why a child process: KaMinPar's Python bindings (3.7) read graphs only from
 files, hold the GIL throughout, and crash the interpreter on some inputs
@@ -26,7 +26,7 @@ reproducible with **one thread only**; with more threads assignments differ
 from run to run even with the same seed (KaMinPar's Python context exposes
 no deterministic mode), so :obj:`threads > 1` trades reproducibility for
 speed. Balance: every part gets at most
-:func:`~pyg_sar.partition.repair.max_part_size` nodes as KaMinPar's
+:func:`~pyg_sar.partition.assign.repair.max_part_size` nodes as KaMinPar's
 maximum block weight (node balance ≤ 1.01 where sizes allow it; KaMinPar's
 own default would use a 3% allowance)."""
 import importlib.util
@@ -113,7 +113,8 @@ def run_kaminpar(path: str, num_nodes: int, num_parts: int, seed: int,
     :obj:`[0, num_parts)`.
 
     Args:
-        path (str): The graph (:func:`~pyg_sar.partition.symmetric.write_parhip`).
+        path (str): The graph
+            (:func:`~pyg_sar.partition.assign.symmetric.write_parhip`).
         num_nodes (int): Its number of nodes.
         num_parts (int): Number of parts.
         seed (int): KaMinPar's seed; reproducible with one thread only.

@@ -1,6 +1,6 @@
-"""Writing a partition directory safely: :func:`_check_out_dir` refuses to
+"""Writing a partition directory safely: :func:`check_out_dir` refuses to
 replace anything that is not a partition (and an output folder that cannot
-be created), :func:`_write_atomically` builds the new partition in a
+be created), :func:`write_atomically` builds the new partition in a
 temporary folder, records the content hash of every file in the manifest
 and renames the folder into place only once it is complete, never over the
 output of a run that finished meanwhile (unless told to overwrite)."""
@@ -39,7 +39,7 @@ def _check_creatable(out_dir: str) -> None:
                          f"'{ancestor}' is not writable")
 
 
-def _check_out_dir(out_dir: str, overwrite: bool) -> None:
+def check_out_dir(out_dir: str, overwrite: bool) -> None:
     r"""Refuses :obj:`out_dir` unless it is absent or empty, or (with
     :obj:`overwrite`) a partition directory, and unless it can be written;
     a one-line error says which. Run before the slow steps (loading and
@@ -63,7 +63,7 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> None:
             f"partition directory")
 
 
-def _write_atomically(
+def write_atomically(
     out_dir: str,
     write: Callable[[str, tqdm], Dict[str, Any]],
     num_steps: int,
@@ -102,7 +102,7 @@ def _write_atomically(
             manifest['time_s']['check_finite'] = round(check_time, 4)
         manifest['time_s']['total'] = round(time.perf_counter() - start_time,
                                             3)
-        _write_json(manifest, osp.join(tmp_dir, MANIFEST_FILE))
+        write_json(manifest, osp.join(tmp_dir, MANIFEST_FILE))
         _replace_dir(tmp_dir, out_dir, overwrite)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -110,7 +110,8 @@ def _write_atomically(
     return manifest
 
 
-def _write_json(obj: Any, path: str) -> None:
+def write_json(obj: Any, path: str) -> None:
+    r""":obj:`obj` as indented JSON, with a final newline."""
     with open(path, 'w') as f:
         json.dump(obj, f, indent=2)
         f.write('\n')
@@ -148,7 +149,7 @@ def _replace_dir(new_dir: str, out_dir: str, overwrite: bool) -> None:
             f"wrote to it while this one was partitioning, and this run's "
             f"result was discarded; pass overwrite=True (--overwrite) to "
             f"replace it")
-    _check_out_dir(out_dir, overwrite)  # still a partition directory?
+    check_out_dir(out_dir, overwrite)  # still a partition directory?
     # Move the old directory aside first: the old one must survive until the
     # new one is in place.
     trash_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.old-',

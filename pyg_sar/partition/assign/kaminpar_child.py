@@ -1,8 +1,8 @@
 r"""The child process that runs KaMinPar (see
-:func:`pyg_sar.partition.kaminpar.kaminpar_parts`): reads a ParHIP file,
+:func:`pyg_sar.partition.assign.kaminpar.run_kaminpar`): reads a ParHIP file,
 partitions it and writes one int32 part id per node to a raw file.
 
-Usage: ``python -m pyg_sar.partition.kaminpar_child GRAPH OUT K SEED
+Usage: ``python -m pyg_sar.partition.assign.kaminpar_child GRAPH OUT K SEED
 THREADS MAX_BLOCK_WEIGHT CONTEXT``. KaMinPar's bindings hold the GIL and a
 malformed file can crash the interpreter, which is why this runs apart from
 the caller."""

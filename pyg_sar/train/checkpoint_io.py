@@ -1,10 +1,7 @@
-"""Checkpoint storage of replicated tensors.
-
-torch.distributed.checkpoint (DCP) for tensors that are the same on every
-rank (model and optimizer state of replicated modules): DCP's default save
-planner deduplicates equal keys across ranks, so each tensor is written
-once, by the least-loaded rank. Its coordination runs on the default
-process group, whose waits are bounded by init_distributed's timeout.
+"""Checkpoint storage of replicated tensors (model and optimizer state of
+replicated modules), written and read with torch.distributed.checkpoint
+(DCP) through the communication stage (:mod:`pyg_sar.comm.dcp`): each
+tensor is stored once across all ranks.
 
 **Nothing read is trusted.** DCP's own reader unpickles the ``.metadata``
 file with plain :mod:`pickle` (a crafted file runs code on every rank) and
@@ -25,46 +22,13 @@ import re
 from typing import Any, Dict, List, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from pyg_sar.comm.process_group import get_rank
-from pyg_sar.comm.state import STATS
+from pyg_sar.comm import dcp
+from pyg_sar.comm.dcp import METADATA_FILE
 
-# DCP's metadata file, in every checkpoint directory it writes.
-METADATA_FILE = '.metadata'
 # The names DCP gives its data files: plain names inside the directory.
 _DATA_FILE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.-]*$')
-
-
-def _dcp_no_dist() -> bool:
-    return not (dist.is_available() and dist.is_initialized())
-
-
-def _dcp_error(what: str, path: str, e: BaseException) -> OSError:
-    first = str(e).strip().splitlines()
-    return OSError(f"rank {get_rank()}: {what} '{path}' failed: "
-                   f"{type(e).__name__}: {first[0] if first else ''}")
-
-
-def _dcp_failures():
-    """The exceptions a DCP call raises: its ``CheckpointException``
-    wraps a failure on any rank and derives from ``BaseException``."""
-    from torch.distributed.checkpoint.api import CheckpointException
-    return (Exception, CheckpointException)
-
-
-def _cause(e: BaseException) -> BaseException:
-    """The first rank's own exception inside DCP's
-    ``CheckpointException`` (which holds every rank's, with tracebacks),
-    else ``e``."""
-    failures = getattr(e, 'failures', None)
-    if isinstance(failures, dict) and failures:
-        first = failures[min(failures)]
-        if isinstance(first, tuple) and first and \
-                isinstance(first[0], BaseException):
-            return first[0]
-    return e
 
 
 # Reading .metadata safely ####################################################
@@ -72,21 +36,16 @@ def _cause(e: BaseException) -> BaseException:
 @functools.lru_cache(maxsize=None)
 def _allowed_globals() -> Dict[Tuple[str, str], Any]:
     """``{(module, name): object}`` that a DCP ``.metadata`` file may name:
-    the metadata classes of the format (not ``BytesStorageMetadata``, whose
-    values DCP unpickles unrestricted), torch sizes and layouts, paths and
-    plain containers. Dtypes are allowed in :meth:`_SafeUnpickler.find_class`.
+    the metadata classes of the format
+    (:func:`pyg_sar.comm.dcp.format_classes`), torch sizes and layouts,
+    paths and plain containers. Dtypes are allowed in
+    :meth:`_SafeUnpickler.find_class`.
     """
     import builtins
     import collections
     import pathlib
 
-    from torch.distributed.checkpoint import filesystem, metadata
-    allowed: Dict[Tuple[str, str], Any] = {
-        (metadata.__name__, name): getattr(metadata, name)
-        for name in ('Metadata', 'TensorStorageMetadata', 'TensorProperties',
-                     'ChunkStorageMetadata', 'MetadataIndex', 'StorageMeta',
-                     '_MEM_FORMAT_ENCODING')}
-    allowed[(filesystem.__name__, '_StorageInfo')] = filesystem._StorageInfo
+    allowed = dict(dcp.format_classes())
     allowed[('torch', 'Size')] = torch.Size
     allowed[('torch.serialization', '_get_layout')] = \
         torch.serialization._get_layout
@@ -98,6 +57,12 @@ def _allowed_globals() -> Dict[Tuple[str, str], Any]:
                  'float', 'str', 'bytes', 'bool'):
         allowed[('builtins', name)] = getattr(builtins, name)
     return allowed
+
+
+def _format_class(name: str) -> Any:
+    """The class ``name`` of DCP's metadata format."""
+    return next(obj for (_, key), obj in dcp.format_classes().items()
+                if key == name)
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -137,12 +102,10 @@ def _refuse(where: str, reason: str) -> UnsafeMetadataError:
 def _check_metadata(metadata: Any, where: str) -> None:
     """Refuses metadata that describes anything but tensors stored in plain
     files of the checkpoint directory."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata,
-                                                       Metadata,
-                                                       MetadataIndex,
-                                                       TensorProperties,
-                                                       TensorStorageMetadata)
+    (Metadata, TensorStorageMetadata, TensorProperties, ChunkStorageMetadata,
+     MetadataIndex, StorageInfo) = map(_format_class, (
+         'Metadata', 'TensorStorageMetadata', 'TensorProperties',
+         'ChunkStorageMetadata', 'MetadataIndex', '_StorageInfo'))
     if not isinstance(metadata, Metadata):
         raise _refuse(where, f"it holds a {type(metadata).__name__}, not "
                       f"DCP metadata")
@@ -164,7 +127,7 @@ def _check_metadata(metadata: Any, where: str) -> None:
         raise _refuse(where, 'its storage_data is not a dict')
     for index, info in storage.items():
         if not (isinstance(index, MetadataIndex) and
-                isinstance(info, _StorageInfo) and
+                isinstance(info, StorageInfo) and
                 isinstance(info.relative_path, str) and
                 _DATA_FILE.match(info.relative_path) and
                 type(info.offset) is int and info.offset >= 0 and
@@ -191,42 +154,14 @@ def parse_metadata(data: bytes, where: str = METADATA_FILE):
     return metadata
 
 
-@functools.lru_cache(maxsize=None)
-def _safe_reader_class():
-    """DCP's ``FileSystemReader`` that reads ``.metadata`` with
-    :func:`parse_metadata` and refuses to unpickle values stored as bytes
-    (built on first use: importing DCP takes a second)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-    from torch.distributed.checkpoint.planner import LoadItemType
-
-    class SafeFileSystemReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any):
-            path = self._get_metadata_path(kwargs.get('rank'))
-            with self.fs.create_stream(path, 'rb') as f:
-                metadata = parse_metadata(f.read(), str(path))
-            if metadata.storage_meta is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-        def read_data(self, plan, planner):
-            if any(item.type == LoadItemType.BYTE_IO for item in plan.items):
-                raise _refuse(str(self._get_metadata_path()),
-                              'it declares values stored as pickles, not '
-                              'only tensors')
-            return super().read_data(plan, planner)
-
-    return SafeFileSystemReader
+def _reader(path: str):
+    """DCP's reader of ``path`` that reads ``.metadata`` with
+    :func:`parse_metadata` and refuses values stored as pickles."""
+    return dcp.reader(path, parse_metadata, _refuse)
 
 
 def _read_metadata(path: str):
-    try:
-        return _safe_reader_class()(path).read_metadata()
-    except UnsafeMetadataError:
-        raise
-    except Exception as e:
-        raise _dcp_error('reading checkpoint metadata of', path, e) from e
+    return dcp.read_metadata(_reader(path), path, keep=(UnsafeMetadataError,))
 
 
 # Saving and loading ##########################################################
@@ -238,22 +173,11 @@ def save_replicated(tensors: Dict[str, Tensor], path: str) -> None:
     tensor is stored once across all ranks. Only tensors: DCP pickles other
     values and reads them back with ``weights_only=False``.
     """
-    import warnings
-
-    from torch.distributed import checkpoint as dcp
     bad = [k for k, v in tensors.items() if not isinstance(v, Tensor)]
     if bad:
         raise TypeError(f"save_replicated takes tensors only (got "
                         f"{type(tensors[bad[0]]).__name__} for {bad[0]!r})")
-    STATS['collectives'] += 1
-    try:
-        with warnings.catch_warnings():  # "assuming ... a single process"
-            warnings.simplefilter('ignore', UserWarning)
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(
-                path, sync_files=True), no_dist=_dcp_no_dist())
-    except _dcp_failures() as e:
-        raise _dcp_error('writing checkpoint tensors to', path,
-                         _cause(e)) from None
+    dcp.save(tensors, path)
 
 
 def replicated_specs(path: str) -> Dict[str, Tuple[torch.Size, torch.dtype]]:
@@ -279,19 +203,6 @@ def load_replicated(tensors: Dict[str, Tensor], path: str) -> None:
     rank reads every tensor). The metadata is read safely and only tensors
     are read (``torch.load(weights_only=True)``); anything else raises
     :class:`UnsafeMetadataError`."""
-    import warnings
-
-    from torch.distributed import checkpoint as dcp
     _read_metadata(path)  # refused here, before DCP hides why in its retry
-    STATS['collectives'] += 1
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore', UserWarning)
-            dcp.load(tensors, storage_reader=_safe_reader_class()(path),
-                     no_dist=_dcp_no_dist())
-    except _dcp_failures() as e:
-        cause = _cause(e)
-        if isinstance(cause, UnsafeMetadataError):
-            raise UnsafeMetadataError(cause.where, cause.reason) from None
-        raise _dcp_error('reading checkpoint tensors from', path,
-                         cause) from None
+    dcp.load(tensors, _reader(path), path, keep=(UnsafeMetadataError,))
+

@@ -1,15 +1,16 @@
 """Input checks of the heterogeneous partitioner: :func:`split_hetero`
 validates a :class:`~torch_geometric.data.HeteroData` and sorts the
 attributes of every node and edge type, with the rules of the homogeneous
-partitioner (:func:`pyg_sar.partition._split_attributes`)."""
+partitioner
+(:func:`~pyg_sar.partition.input.data_source.split_attributes`)."""
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from torch import Tensor
 from torch_geometric.data import HeteroData
 
-from pyg_sar.partition.layout import _edge_type_str
-from pyg_sar.partition.common import _check_edge_index
+from pyg_sar.partition.input.checks import check_edge_index
+from pyg_sar.partition.layout import edge_type_str
 
 EdgeType = Tuple[str, str, str]
 
@@ -117,14 +118,14 @@ def split_hetero(data: HeteroData) -> HeteroInput:
     edge_attrs: Dict[EdgeType, Dict[str, Tensor]] = {}
     for edge_type in edge_types:
         src, _, dst = edge_type
-        name = _edge_type_str(edge_type)
+        name = edge_type_str(edge_type)
         where = f"Edge type {edge_type}"
         for node_type in (src, dst):
             if node_type not in num_nodes:
                 raise ValueError(f"{where} refers to node type "
                                  f"'{node_type}', which 'data' does not "
                                  f"have; set data['{node_type}'].num_nodes")
-        index = _check_edge_index(data[edge_type].get('edge_index'),
+        index = check_edge_index(data[edge_type].get('edge_index'),
                                   f"data[{edge_type}].edge_index")
         for row, node_type in ((0, src), (1, dst)):
             if index.size(1) == 0:

@@ -6,10 +6,10 @@ the donor part), so boundary nodes move first.
 The neighbor counts come from a callable :obj:`count(part, target)` that
 returns, per node, the number of its neighbors in part :obj:`target`: from
 in-memory :obj:`row`/:obj:`col` arrays
-(:func:`pyg_sar.partition.assign._neighbors_in_part`) or streamed from a
-:class:`~pyg_sar.partition.symmetric.CsrView` a range of rows at a time
-(in memory or memory-mapped from the partitioner's ParHIP file), so that a
-repair never needs more than the part vector, a few per-node counters and
+(:mod:`~pyg_sar.partition.assign.in_memory`) or streamed from a
+:class:`~pyg_sar.partition.assign.symmetric.CsrView` a range of rows at a
+time (in memory or memory-mapped from the partitioner's ParHIP file), so
+that a repair never needs more than the part vector, a few per-node counters and
 one chunk of the adjacency."""
 import math
 from typing import Callable, Optional

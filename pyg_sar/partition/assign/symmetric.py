@@ -1,9 +1,10 @@
 r"""The symmetrized graph the partitioners cut, built with little memory.
 
-:func:`symmetric_csr` streams an :class:`~pyg_sar.partition.edge_source.EdgeSource`
-twice: once to count degrees, once to place both directions of every edge
-(self loops dropped) in one :obj:`col` array (int32 unless there are
-:math:`2^{31}` nodes or more), then removes duplicate neighbors row by row
+:func:`symmetric_csr` streams an
+:class:`~pyg_sar.partition.input.edge_source.EdgeSource` twice: once to
+count degrees, once to place both directions of every edge (self loops
+dropped) in one :obj:`col` array (int32 unless there are :math:`2^{31}`
+nodes or more), then removes duplicate neighbors row by row
 in bounded chunks, in place. The result, :class:`SymmetricCSR`, is the
 symmetric adjacency sorted by :obj:`(row, col)` without self loops or
 duplicates: about 8 bytes per input edge plus 16 bytes per node plus one
@@ -13,7 +14,7 @@ int64 codes needed about 80 bytes per edge).
 :func:`write_parhip` streams it to KaMinPar's ParHIP binary file, and
 :class:`CsrView` reads it back (from memory or memory-mapped from that file)
 a range of rows at a time, for the repair passes of
-:mod:`~pyg_sar.partition.repair`."""
+:mod:`~pyg_sar.partition.assign.repair`."""
 import os
 from typing import Iterator, Tuple, Union
 
@@ -21,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.edge_source import DEFAULT_CHUNK_EDGES, EdgeSource
+from pyg_sar.partition.input.edge_source import (DEFAULT_CHUNK_EDGES,
+                                                 EdgeSource)
 
 PARHIP_HEADER_BYTES = 24
 

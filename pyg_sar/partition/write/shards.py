@@ -1,10 +1,11 @@
 """The shard writer of the homogeneous partitioner: :func:`write_shards`
 writes the parts of a given relabelling, a unit (a range of a part's new
 node ids) at a time, every file streamed to disk
-(:class:`~pyg_sar.partition.stream_save.StreamedSave`). It runs as one
+(:class:`~pyg_sar.partition.write.stream_save.StreamedSave`). It runs as one
 writer (:class:`LocalExchange`) or as K writers that exchange edges and
-node rows with :obj:`all_to_all` (:mod:`pyg_sar.comm.partition_writers`);
-the files are the same byte for byte.
+node rows with :obj:`all_to_all` (the :obj:`exchange` of
+:func:`~pyg_sar.partition.partition_graph_parallel`); the files are the same
+byte for byte.
 
 Memory of one writer: the relabelling (8 bytes per node), one chunk of the
 edge list, and one unit: about 56 bytes per in-edge of the unit
@@ -20,16 +21,17 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from pyg_sar.partition.edge_source import (DEFAULT_CHUNK_EDGES, GraphSource,
-                                           take_rows, torch_dtype)
+from pyg_sar.partition.input.edge_source import (DEFAULT_CHUNK_EDGES,
+                                                 GraphSource, take_rows,
+                                                 torch_dtype)
 from pyg_sar.partition.layout import (EDGE_MAP_FILE, NODE_MAP_FILE,
-                                      PERM_FILE, _part_dir)
-from pyg_sar.partition.stream_save import StreamedSave
+                                      PERM_FILE, part_path)
+from pyg_sar.partition.write.stream_save import StreamedSave
 
 
 class LocalExchange:
     r"""The exchange of a single writer: every collective is the identity.
-    :mod:`pyg_sar.comm.partition_writers` provides the one of K writers
+    :class:`pyg_sar.comm.ProcessGroupExchange` is the one of K writers
     (the same methods over the process group)."""
     rank = 0
     world_size = 1
@@ -104,7 +106,7 @@ class _PartFiles:
     def __init__(self, root: str, p: int, node_ptr: Tensor,
                  edge_ptr: Tensor, source: GraphSource,
                  save: Optional[Callable] = None):
-        part_dir = _part_dir(root, p)
+        part_dir = part_path(root, p)
         os.makedirs(part_dir)
         self.lo, self.hi = int(node_ptr[p]), int(node_ptr[p + 1])
         self.edge_start = int(edge_ptr[p])

@@ -8,7 +8,7 @@
   attribute, in its edge order, marked as ``adj_t``'s values: the
   :class:`~pyg_sar.DistGraph` of such a partition stands in for ``adj_t``,
   and a layer that takes ``edge_weight`` and is called without one gets
-  them, as from ``adj_t`` in PyG (:mod:`pyg_sar.nn.adj_values`).
+  them, as from ``adj_t`` in PyG (:func:`pyg_sar.nn.message_passing.fill_adj_t_values`).
 * ``edge_label`` / ``edge_label_index`` (what ``T.RandomLinkSplit`` adds):
   supervision pairs, not edges of the graph, so they are refused in one line
   that names ``RandomLinkSplit`` and says what to do (keep them aside in
@@ -63,7 +63,7 @@ def normalize_pyg_inputs(data: Any) -> Any:
     if value is not None:
         out.edge_weight = value
         # The DistGraph stands in for adj_t, values included
-        # (pyg_sar/nn/adj_values.py).
+        # (pyg_sar.nn.message_passing.fill_adj_t_values).
         out.adj_t_values = 'edge_weight'
     if 'num_nodes' not in keys and 'x' not in keys:
         out.num_nodes = int(data.adj_t.size(0))

@@ -1,7 +1,7 @@
 """The homogeneous partitioner: :func:`write_homogeneous` checks a
 :class:`~torch_geometric.data.Data` or a graph on disk
-(:mod:`~pyg_sar.partition.ondisk`), assigns every node to a part, relabels
-nodes so that every part owns one contiguous range of new ids (stable in
+(:mod:`~pyg_sar.partition.input.ondisk`), assigns every node to a part,
+relabels nodes so that every part owns one contiguous range of new ids (stable in
 the input order) and edges so that every part's in-edges get contiguous new
 ids sorted by :obj:`(dst, src)`, and writes the layout of
 :class:`torch_geometric.distributed.Partitioner` (readable by
@@ -10,13 +10,13 @@ ids sorted by :obj:`(dst, src)`, and writes the layout of
 ``pyg_sar.json`` manifest and the node permutation ``perm.pt``.
 
 One writer for both inputs (:func:`write_shards`): the edge list is read in
-chunks (:class:`~pyg_sar.partition.edge_source.EdgeSource`) and attribute
-rows a block at a time, every file is streamed to disk
-(:class:`~pyg_sar.partition.stream_save.StreamedSave`), so neither
+chunks (:class:`~pyg_sar.partition.input.edge_source.EdgeSource`) and
+attribute rows a block at a time, every file is streamed to disk
+(:class:`~pyg_sar.partition.write.stream_save.StreamedSave`), so neither
 :obj:`edge_index` nor :obj:`x` is ever whole in memory beyond what the
 assignment needs. The same function runs as K parallel writers
-(:mod:`pyg_sar.comm.partition_writers`): the files are byte for byte the
-single writer's.
+(:func:`~pyg_sar.partition.partition_graph_parallel`): the files are byte
+for byte the single writer's.
 """
 import os
 import os.path as osp
@@ -30,29 +30,30 @@ from tqdm.auto import tqdm
 
 from torch_geometric.data import Data
 
-from pyg_sar.partition.assign import assign_parts
-from pyg_sar.partition.common import (_check_method, _check_num_parts,
-                                      _count_per_part, _manifest_header,
-                                      _num_classes, _ratio, _save)
-from pyg_sar.partition.data_source import _data_source
-from pyg_sar.partition.edge_source import (DEFAULT_CHUNK_EDGES, GraphSource,
-                                           torch_dtype)
+from pyg_sar.partition.assign.parts import assign_parts
+from pyg_sar.partition.input.checks import check_method, check_num_parts
+from pyg_sar.partition.input.data_source import source_of_data
+from pyg_sar.partition.input.edge_source import (DEFAULT_CHUNK_EDGES,
+                                                 GraphSource, torch_dtype)
+from pyg_sar.partition.input.ondisk import GraphOnDisk
 from pyg_sar.partition.layout import META_FILE, PERM_FILE
-from pyg_sar.partition.ondisk import GraphOnDisk
-from pyg_sar.partition.out_dir import (_check_out_dir, _write_atomically,
-                                       _write_json)
+from pyg_sar.partition.write.common import (class_count, count_per_part,
+                                            manifest_header, max_over_mean,
+                                            save_file)
+from pyg_sar.partition.write.out_dir import (check_out_dir, write_atomically,
+                                             write_json)
+from pyg_sar.partition.write.shards import (MAX_UNIT_EDGES, LocalExchange,
+                                            write_shards)
 from pyg_sar.utils.malloc import configure_allocator
-from pyg_sar.partition.shards import (MAX_UNIT_EDGES, LocalExchange,
-                                      write_shards)
 
 
 def open_source(data: Any, allow_non_finite: bool = False
                 ) -> Tuple[GraphSource, Optional[float]]:
     r"""The :class:`GraphSource` of a :class:`Data`, a
-    :class:`~pyg_sar.partition.ondisk.GraphOnDisk` or a graph directory,
+    :class:`~pyg_sar.partition.input.ondisk.GraphOnDisk` or a graph directory,
     checked (the directory's data streamed, before any shard is written)."""
     if isinstance(data, Data):
-        return _data_source(data, allow_non_finite)
+        return source_of_data(data, allow_non_finite)
     if isinstance(data, (str, os.PathLike)):
         data = GraphOnDisk(data)
     if not isinstance(data, GraphOnDisk):
@@ -90,13 +91,14 @@ def write_homogeneous(
 ) -> Optional[Dict[str, Any]]:
     r""":func:`pyg_sar.partition.partition_graph` for a homogeneous graph
     (a :class:`Data` or a graph on disk). With an :obj:`exchange` of K
-    writers (:mod:`pyg_sar.comm.partition_writers`) every rank calls it:
+    writers (:func:`~pyg_sar.partition.partition_graph_parallel`) every
+    rank calls it:
     rank 0 checks the input, assigns the parts and writes the manifest,
     every rank writes its share of the shards; rank 0 returns the manifest,
     the others :obj:`None`. :obj:`assignment` (one part id per node) skips
     the partitioner. :obj:`chunk_edges` (edges read at a time) defaults to
     1/16 of the edges, between 1M and 16M. :obj:`threads`: KaMinPar's
-    (see :func:`~pyg_sar.partition.assign.assign_parts`)."""
+    (see :func:`~pyg_sar.partition.assign.parts.assign_parts`)."""
     start_time = time.perf_counter()
     configure_allocator()  # freed chunk-sized blocks go back to the OS
     exchange = exchange or LocalExchange()
@@ -105,13 +107,13 @@ def write_homogeneous(
         return _follow(data, num_parts, exchange, chunk_edges,
                        max_unit_edges)
     try:
-        _check_method(method)
+        check_method(method)
         source, check_time = open_source(data, allow_non_finite)
-        _check_num_parts(num_parts, source.num_nodes)
+        check_num_parts(num_parts, source.num_nodes)
         if assignment is not None:
             assignment = _check_assignment(assignment, source.num_nodes,
                                            num_parts)
-        _check_out_dir(out_dir, overwrite)
+        check_out_dir(out_dir, overwrite)
     except BaseException as e:
         _report(exchange, e)
         raise
@@ -148,7 +150,7 @@ def write_homogeneous(
         stats = write_shards(tmp_dir, source, new_id, node_ptr, num_parts,
                              exchange, bar, chunk_edges, max_unit_edges,
                              _save_skeleton)
-        _write_json({'num_parts': num_parts, 'node_types': None,
+        write_json({'num_parts': num_parts, 'node_types': None,
                      'edge_types': None, 'node_offset': None,
                      'is_hetero': False, 'is_sorted': True},
                     osp.join(tmp_dir, META_FILE))
@@ -157,7 +159,7 @@ def write_homogeneous(
                          train_mask, num_swapped, node_ptr, stats, timings)
 
     try:
-        manifest = _write_atomically(out_dir, write, 4 + num_parts,
+        manifest = write_atomically(out_dir, write, 4 + num_parts,
                                      progress, start_time, check_time,
                                      overwrite)
     except BaseException as e:
@@ -176,8 +178,9 @@ def _chunk_edges(chunk_edges: Optional[int], source: GraphSource) -> int:
 
 
 def _save_skeleton(obj: Any, path: str) -> None:
-    # Looked up at call time: tests replace `_save` to fail or stall writes.
-    _save(obj, path)
+    # Looked up at call time: tests replace `save_file` to fail or stall
+    # writes.
+    save_file(obj, path)
 
 
 def _sync(exchange: Any, mine: Tuple[str, Any]) -> Any:
@@ -211,7 +214,7 @@ def _follow(data: Any, num_parts: int, exchange: Any,
     error = None
     try:
         if isinstance(data, Data):
-            source = _data_source(data, True)[0]
+            source = source_of_data(data, True)[0]
         else:
             source = (data if isinstance(data, GraphOnDisk) else
                       GraphOnDisk(data)).source()
@@ -255,9 +258,10 @@ def _assign_parts(source: GraphSource, num_parts: int, method: str,
                   seed: int, balance_mask: Optional[Tensor], bar: tqdm,
                   timings: Dict[str, float], tmp_dir: str,
                   threads: Optional[int]) -> Tuple[Tensor, int]:
-    r"""One part id per node (:func:`~pyg_sar.partition.assign.assign_parts`
-    on the source's edge chunks; KaMinPar's input file in :obj:`tmp_dir`)
-    and the number of training-node swaps."""
+    r"""One part id per node
+    (:func:`~pyg_sar.partition.assign.parts.assign_parts` on the source's
+    edge chunks; KaMinPar's input file in :obj:`tmp_dir`) and the number of
+    training-node swaps."""
     part, stats = assign_parts(source.edges, num_parts, method, seed,
                                balance_mask, threads=threads,
                                tmp_dir=tmp_dir,
@@ -270,7 +274,7 @@ def _assign_parts(source: GraphSource, num_parts: int, method: str,
 def _relabel(part: Tensor, num_parts: int) -> Tuple[Tensor, Tensor]:
     r"""New node ids, stable by part: :obj:`(new_id, node_ptr)`, part
     :obj:`i` owning :obj:`node_ptr[i]` to :obj:`node_ptr[i + 1] - 1`."""
-    sizes = _count_per_part(part, num_parts)
+    sizes = count_per_part(part, num_parts)
     node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
     torch.cumsum(sizes, dim=0, out=node_ptr[1:])
     new_id = torch.empty(part.numel(), dtype=torch.long)
@@ -297,16 +301,16 @@ def _manifest(source: GraphSource, num_parts: int, method: str, seed: int,
         'num_halo_nodes': stats['halo_nodes'][i],
     } for i in range(num_parts)]
     balance = {
-        'nodes_max_over_mean': round(_ratio(part_sizes), 4),
-        'edges_max_over_mean': round(_ratio(edge_sizes), 4),
+        'nodes_max_over_mean': round(max_over_mean(part_sizes), 4),
+        'edges_max_over_mean': round(max_over_mean(edge_sizes), 4),
     }
     if train_counts:
         balance['train_max_over_mean'] = round(
-            _ratio(torch.tensor(train_counts)), 4)
+            max_over_mean(torch.tensor(train_counts)), 4)
     node_attrs, edge_attrs = source.node_attrs, source.edge_attrs
     y = node_attrs.get('y')
     return {
-        **_manifest_header(),
+        **manifest_header(),
         'num_parts': num_parts,
         'method': method,
         'balance_train': bool(balance_train and train_mask is not None),
@@ -325,7 +329,7 @@ def _manifest(source: GraphSource, num_parts: int, method: str, seed: int,
         'perm_file': PERM_FILE,
         'node_attr_names': list(node_attrs),
         'edge_attr_names': list(edge_attrs),
-        'num_classes': _num_classes(None if y is None else (
+        'num_classes': class_count(None if y is None else (
             y if isinstance(y, Tensor) else _labels_for_count(y))),
         'source': {
             'num_nodes': source.num_nodes,
@@ -343,7 +347,7 @@ def _info(value: Any) -> Dict[str, Any]:
 
 
 def _labels_for_count(y: Any) -> Tensor:
-    r"""Labels on disk as a tensor for :func:`_num_classes`: a multi-label
+    r"""Labels on disk as a tensor for :func:`class_count`: a multi-label
     target needs only its shape, class ids their maximum (streamed)."""
     if y.ndim == 2 and y.shape[1] > 1 or y.dtype.kind not in 'iu':
         return torch.empty((0, ) + tuple(y.shape[1:]), dtype=torch_dtype(y)) \

@@ -9,7 +9,7 @@ part :obj:`p` owns the new ids :obj:`node_ptr[t][p]` to
 input order), and the edges of every edge type are sorted by
 :obj:`(new dst, new src)`, so each part's incoming edges of a type get
 contiguous new edge ids. :func:`pyg_sar.load_partition` reads a part back
-as a :class:`pyg_sar.partition.hetero_load.HeteroPartition`.
+as a :class:`pyg_sar.partition.read.heterogeneous.HeteroPartition`.
 """
 import os
 import os.path as osp
@@ -22,23 +22,25 @@ from tqdm.auto import tqdm
 
 from torch_geometric.data import HeteroData
 
-from pyg_sar.partition.assign import (_balance_node_type,
-                                      _balance_training_nodes,
-                                      _fill_empty_parts, _metis_parts,
-                                      _random_parts, _symmetric_csr,
-                                      assign_parts)
-from pyg_sar.partition.edge_source import TensorEdgeSource
-from pyg_sar.partition.finite import check_finite
-from pyg_sar.partition.hetero_input import EdgeType, HeteroInput, split_hetero
+from pyg_sar.partition.assign.in_memory import (
+    balance_node_type, balance_training_nodes_in_memory,
+    fill_empty_parts_in_memory, symmetric_csr_in_memory)
+from pyg_sar.partition.assign.parts import (assign_parts, metis_parts,
+                                            random_parts)
+from pyg_sar.partition.input.checks import (check_labels, check_method,
+                                            check_num_parts)
+from pyg_sar.partition.input.edge_source import TensorEdgeSource
+from pyg_sar.partition.input.finite import check_finite
+from pyg_sar.partition.input.hetero import (EdgeType, HeteroInput,
+                                            split_hetero)
 from pyg_sar.partition.layout import (EDGE_MAP_DIR, EDGE_PERM_DIR, META_FILE,
-                                      NODE_MAP_DIR, PERM_DIR, _edge_type_str,
-                                      _part_dir)
-from pyg_sar.partition.out_dir import (_check_out_dir, _write_atomically,
-                                       _write_json)
-from pyg_sar.partition.common import (_check_labels, _check_method,
-                                      _check_num_parts, _count_per_part,
-                                      _manifest_header, _ratio, _save,
-                                      _tensor_info)
+                                      NODE_MAP_DIR, PERM_DIR, edge_type_str,
+                                      part_path)
+from pyg_sar.partition.write.common import (count_per_part, manifest_header,
+                                            max_over_mean, save_file,
+                                            tensor_info)
+from pyg_sar.partition.write.out_dir import (check_out_dir, write_atomically,
+                                             write_json)
 
 
 def _train_masks(graph: HeteroInput) -> Dict[str, Tensor]:
@@ -100,29 +102,29 @@ def partition_hetero_graph(
         The manifest written to :obj:`out_dir/pyg_sar.json`.
     """
     start_time = time.perf_counter()
-    _check_method(method)
+    check_method(method)
     out_dir = osp.abspath(os.fspath(out_dir))
     graph = split_hetero(data)
-    _check_num_parts(num_parts, graph.total_nodes)
+    check_num_parts(num_parts, graph.total_nodes)
     for node_type, attrs in graph.node_attrs.items():
-        _check_labels(attrs, prefix=f'{node_type}.')
+        check_labels(attrs, prefix=f'{node_type}.')
     check_time = None
     if not allow_non_finite:
         check_start = time.perf_counter()
         check_finite(
             {f'{t}.{k}': v for t, attrs in graph.node_attrs.items()
              for k, v in attrs.items()},
-            {f'{_edge_type_str(e)}.{k}': v
+            {f'{edge_type_str(e)}.{k}': v
              for e, attrs in graph.edge_attrs.items()
              for k, v in attrs.items()})
         check_time = time.perf_counter() - check_start
-    _check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite)
 
     def write(tmp_dir: str, bar: tqdm) -> Dict[str, Any]:
         return _write_hetero(tmp_dir, graph, num_parts, method,
                              balance_train, seed, bar)
 
-    return _write_atomically(out_dir, write, 3 + num_parts, progress,
+    return write_atomically(out_dir, write, 3 + num_parts, progress,
                              start_time, check_time, overwrite)
 
 
@@ -147,26 +149,26 @@ def _assign(graph: HeteroInput, num_parts: int, method: str,
         return {t: part[offsets[t]:offsets[t] + graph.num_nodes[t]]
                 for t in graph.node_types}
 
-    def random_parts() -> Dict[str, Tensor]:
+    def random_per_type() -> Dict[str, Tensor]:
         # Balanced per type by construction (sizes differ by at most one).
         return {
-            t: _random_parts(graph.num_nodes[t], num_parts, generator,
+            t: random_parts(graph.num_nodes[t], num_parts, generator,
                              train_masks.get(t))
             for t in graph.node_types
         }
 
     if method == 'random' or num_parts == 1:
-        return random_parts(), 0, 0
+        return random_per_type(), 0, 0
 
     stage_start = time.perf_counter()
     edge_index = torch.cat([
         graph.edge_index[e] + torch.tensor(
             [[offsets[e[0]]], [offsets[e[2]]]]) for e in graph.edge_types
     ], dim=1) if graph.edge_types else torch.empty(2, 0, dtype=torch.long)
-    rowptr, row, col = _symmetric_csr(edge_index, total)
+    rowptr, row, col = symmetric_csr_in_memory(edge_index, total)
     timings['symmetrize'] = round(time.perf_counter() - stage_start, 3)
     if col.numel() == 0:
-        return random_parts(), 0, 0  # nothing to cut
+        return random_per_type(), 0, 0  # nothing to cut
 
     stage_start = time.perf_counter()
     if method == 'kaminpar':
@@ -175,9 +177,9 @@ def _assign(graph: HeteroInput, num_parts: int, method: str,
         part, _ = assign_parts(TensorEdgeSource(edge_index, total),
                                num_parts, 'kaminpar', seed=seed)
     else:
-        part = _metis_parts(rowptr, col, num_parts, seed)
+        part = metis_parts(rowptr, col, num_parts, seed)
     del rowptr, edge_index
-    _fill_empty_parts(part, row, col, num_parts)
+    fill_empty_parts_in_memory(part, row, col, num_parts)
     timings['metis'] = round(time.perf_counter() - stage_start, 3)
 
     stage_start = time.perf_counter()
@@ -192,7 +194,7 @@ def _assign(graph: HeteroInput, num_parts: int, method: str,
         # Only the neighbors of this type's nodes matter for its moves: the
         # rows of the type are one slice of the row-sorted adjacency.
         lo, hi = torch.searchsorted(row, torch.tensor([start, end])).tolist()
-        num_moved += _balance_node_type(part, row[lo:hi], col[lo:hi], mask,
+        num_moved += balance_node_type(part, row[lo:hi], col[lo:hi], mask,
                                         num_parts)
     num_swapped = 0
     for node_type, train_mask in train_masks.items():
@@ -201,7 +203,7 @@ def _assign(graph: HeteroInput, num_parts: int, method: str,
         mask = torch.zeros(total, dtype=torch.bool)
         mask[offsets[node_type]:offsets[node_type] +
              graph.num_nodes[node_type]] = train_mask
-        num_swapped += _balance_training_nodes(
+        num_swapped += balance_training_nodes_in_memory(
             part, row, col, mask, num_parts, pool=type_masks[node_type])
     timings['balance'] = round(time.perf_counter() - stage_start, 3)
     return per_type(part), num_moved, num_swapped
@@ -234,7 +236,7 @@ def _write_hetero(root: str, graph: HeteroInput, num_parts: int,
     bar.set_postfix_str('relabel')
     node_ptr, perm, new_id, node_sizes = {}, {}, {}, {}
     for t in graph.node_types:
-        node_sizes[t] = _count_per_part(parts[t], num_parts)
+        node_sizes[t] = count_per_part(parts[t], num_parts)
         node_ptr[t] = _ptr(node_sizes[t])
         perm[t] = torch.sort(parts[t], stable=True).indices
         new_id[t] = torch.empty_like(perm[t])
@@ -254,7 +256,7 @@ def _write_hetero(root: str, graph: HeteroInput, num_parts: int,
             perm=edge_perm, dst=new_dst, src=sort_key - new_dst * num_src,
             ptr=edge_ptr, sizes=edge_ptr[1:] - edge_ptr[:-1],
             num_cut=int(is_cut.sum()),
-            remote=_count_per_part(parts[dst][index[1]][is_cut], num_parts))
+            remote=count_per_part(parts[dst][index[1]][is_cut], num_parts))
     bar.update(1)
     timings['relabel'] = round(time.perf_counter() - stage_start, 3)
 
@@ -272,15 +274,15 @@ def _write_hetero(root: str, graph: HeteroInput, num_parts: int,
     for folder in (NODE_MAP_DIR, EDGE_MAP_DIR, PERM_DIR, EDGE_PERM_DIR):
         os.makedirs(osp.join(root, folder))
     for t in graph.node_types:
-        _save(torch.repeat_interleave(part_ids, node_sizes[t]),
+        save_file(torch.repeat_interleave(part_ids, node_sizes[t]),
               osp.join(root, NODE_MAP_DIR, f'{t}.pt'))
-        _save(perm[t], osp.join(root, PERM_DIR, f'{t}.pt'))
+        save_file(perm[t], osp.join(root, PERM_DIR, f'{t}.pt'))
     for e in graph.edge_types:
-        _save(torch.repeat_interleave(part_ids, edges[e]['sizes']),
-              osp.join(root, EDGE_MAP_DIR, f'{_edge_type_str(e)}.pt'))
-        _save(edges[e]['perm'],
-              osp.join(root, EDGE_PERM_DIR, f'{_edge_type_str(e)}.pt'))
-    _write_json(
+        save_file(torch.repeat_interleave(part_ids, edges[e]['sizes']),
+              osp.join(root, EDGE_MAP_DIR, f'{edge_type_str(e)}.pt'))
+        save_file(edges[e]['perm'],
+              osp.join(root, EDGE_PERM_DIR, f'{edge_type_str(e)}.pt'))
+    write_json(
         {
             'num_parts': num_parts,
             'node_types': graph.node_types,
@@ -308,7 +310,7 @@ def _write_part(root: str, i: int, graph: HeteroInput,
     returns its statistics. Types without local nodes or edges are left out
     of the feature files: PyG's :class:`LocalFeatureStore` cannot index an
     empty id vector."""
-    part_dir = _part_dir(root, i)
+    part_dir = part_path(root, i)
     os.makedirs(part_dir)
     graph_file: Dict[EdgeType, Dict[str, Any]] = {}
     edge_feats: Dict[EdgeType, Dict[str, Any]] = {}
@@ -335,8 +337,8 @@ def _write_part(root: str, i: int, graph: HeteroInput,
                 'feats': {k: v[input_ids]
                           for k, v in graph.edge_attrs[e].items()},
             }
-    _save(graph_file, osp.join(part_dir, 'graph.pt'))
-    _save(edge_feats, osp.join(part_dir, 'edge_feats.pt'))
+    save_file(graph_file, osp.join(part_dir, 'graph.pt'))
+    save_file(edge_feats, osp.join(part_dir, 'edge_feats.pt'))
     del graph_file, edge_feats
 
     node_feats: Dict[str, Dict[str, Any]] = {}
@@ -355,7 +357,7 @@ def _write_part(root: str, i: int, graph: HeteroInput,
             'feats': {k: v[input_ids]
                       for k, v in graph.node_attrs[t].items()},
         }
-    _save(node_feats, osp.join(part_dir, 'node_feats.pt'))
+    save_file(node_feats, osp.join(part_dir, 'node_feats.pt'))
     return {
         'num_train_nodes': train or None,
         'num_halo_nodes': {
@@ -371,7 +373,7 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
               edges: Dict[EdgeType, Dict[str, Any]],
               part_stats: List[Dict[str, Any]],
               timings: Dict[str, float]) -> Dict[str, Any]:
-    names = {e: _edge_type_str(e) for e in graph.edge_types}
+    names = {e: edge_type_str(e) for e in graph.edge_types}
     total_nodes = sum(node_sizes.values(), torch.zeros(num_parts,
                                                        dtype=torch.long))
     total_edges = sum((edges[e]['sizes'] for e in graph.edge_types),
@@ -394,8 +396,8 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
             'num_halo_nodes': stats['num_halo_nodes'],
         })
     balance = {
-        'nodes_max_over_mean': round(_ratio(total_nodes), 4),
-        'edges_max_over_mean': round(_ratio(total_edges), 4),
+        'nodes_max_over_mean': round(max_over_mean(total_nodes), 4),
+        'edges_max_over_mean': round(max_over_mean(total_edges), 4),
     }
     train_types = [t for t in graph.node_types
                    if parts[0]['num_train_nodes'] is not None
@@ -404,9 +406,9 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
         train_counts = torch.tensor([
             sum(p['num_train_nodes'][t] for t in train_types) for p in parts
         ])
-        balance['train_max_over_mean'] = round(_ratio(train_counts), 4)
+        balance['train_max_over_mean'] = round(max_over_mean(train_counts), 4)
     return {
-        **_manifest_header(),
+        **manifest_header(),
         'is_hetero': True,
         'num_parts': num_parts,
         'method': method,
@@ -438,9 +440,9 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
         },
         'balance': balance,
         'balance_per_type': {
-            'nodes': {t: round(_ratio(node_sizes[t]), 4)
+            'nodes': {t: round(max_over_mean(node_sizes[t]), 4)
                       for t in graph.node_types},
-            'edges': {names[e]: round(_ratio(edges[e]['sizes']), 4)
+            'edges': {names[e]: round(max_over_mean(edges[e]['sizes']), 4)
                       for e in graph.edge_types},
         },
         'perm_files': {t: f'{PERM_DIR}/{t}.pt' for t in graph.node_types},
@@ -453,9 +455,9 @@ def _manifest(graph: HeteroInput, num_parts: int, method: str, seed: int,
         'source': {
             'num_nodes': graph.total_nodes,
             'num_edges': num_edges,
-            'node_attrs': {t: {k: _tensor_info(v) for k, v in a.items()}
+            'node_attrs': {t: {k: tensor_info(v) for k, v in a.items()}
                            for t, a in graph.node_attrs.items()},
-            'edge_attrs': {names[e]: {k: _tensor_info(v)
+            'edge_attrs': {names[e]: {k: tensor_info(v)
                                       for k, v in a.items()}
                            for e, a in graph.edge_attrs.items()},
             'graph_attrs': graph.graph_attrs,

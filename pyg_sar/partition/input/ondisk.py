@@ -46,10 +46,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyg_sar.partition.data_source import _split_attributes
-from pyg_sar.partition.edge_source import (GraphSource, NpyEdgeSource,
-                                           release_pages, torch_dtype)
-from pyg_sar.partition.finite import _non_finite_rows, _sum_is_finite
+from pyg_sar.partition.input.data_source import split_attributes
+from pyg_sar.partition.input.edge_source import (GraphSource,
+                                                 NpyEdgeSource,
+                                                 release_pages, torch_dtype)
+from pyg_sar.partition.input.finite import non_finite_rows, sum_is_finite
 
 GRAPH_FILE = 'graph.json'
 GRAPH_FORMAT = 'pyg_sar.graph'
@@ -155,7 +156,7 @@ def save_graph(data, root: str) -> str:
     not a graph). Node and edge attributes are told apart as
     :func:`~pyg_sar.partition.partition_graph` does. Returns :obj:`root`."""
     num_nodes, edge_index, node_attrs, edge_attrs, graph_attrs = \
-        _split_attributes(data)
+        split_attributes(data)
     root = osp.abspath(os.fspath(root))
     os.makedirs(root, exist_ok=True)
     if osp.exists(osp.join(root, GRAPH_FILE)):
@@ -338,7 +339,7 @@ def open_npy(path: str, what: str):
 
 
 class GraphOnDisk:
-    r"""A graph directory (layout in :mod:`pyg_sar.partition.ondisk`),
+    r"""A graph directory (layout in :mod:`pyg_sar.partition.input.ondisk`),
     every array memory-mapped read-only. Opening checks ``graph.json`` and
     every file's header and size; :meth:`validate` streams over the data.
 
@@ -352,7 +353,8 @@ class GraphOnDisk:
         if not osp.isfile(meta_path):
             raise FileNotFoundError(f"'{meta_path}' not found; is "
                                     f"'{self.root}' a graph directory "
-                                    f"(pyg_sar.partition.ondisk.save_graph)?")
+                                    f"(pyg_sar.partition.input.ondisk."
+                                    f"save_graph)?")
         if os.stat(meta_path).st_size > _MAX_JSON_BYTES:
             raise ValueError(f"'{meta_path}' is larger than "
                              f"{_MAX_JSON_BYTES} bytes")
@@ -490,9 +492,9 @@ def _check_finite_streamed(kind: str, key: str, array) -> None:
         return
     num_bad, first, has_nan, has_inf = 0, -1, False, False
     for start, block in _row_blocks(array):
-        if _sum_is_finite(block):
+        if sum_is_finite(block):
             continue
-        count, at, nan, inf = _non_finite_rows(block)
+        count, at, nan, inf = non_finite_rows(block)
         if count and first < 0:
             first = start + at
         num_bad += count
@@ -509,8 +511,8 @@ def _check_finite_streamed(kind: str, key: str, array) -> None:
 
 
 def _check_labels_streamed(node_attrs: Dict[str, Any]) -> None:
-    r""":func:`pyg_sar.partition.common._check_labels`, a block of rows at a
-    time."""
+    r""":func:`pyg_sar.partition.input.checks.check_labels`, a block of
+    rows at a time."""
     y = node_attrs.get('y')
     if y is None or y.dtype.kind not in 'iu' or not (
             y.ndim == 1 or (y.ndim == 2 and y.shape[1] == 1)):
