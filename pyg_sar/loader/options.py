@@ -8,7 +8,9 @@ pyg_sar's. A string in the third position (``master_addr``) selects PyG's
 positional order. Arguments that configure PyG's RPC machinery are checked
 against the running process group and otherwise have no effect; arguments
 that would change which batch comes out are either implemented or refused
-with an error naming them.
+with an error naming them. The checks of the options themselves (batching,
+sampling, fanouts, seeds) are here too, one for the homogeneous and the
+heterogeneous loaders alike.
 """
 from __future__ import annotations
 
