@@ -31,7 +31,8 @@ DOCS = osp.join(ROOT, 'docs')
 
 # The pages the site is made of (index.rst's toctree and the reference).
 PAGES = ['index', 'install', 'get_started', 'tutorials/index', 'cheatsheet',
-         'trust', 'cli', 'benchmarks', 'reference/index']
+         'trust', 'cli', 'benchmarks', 'reference/index',
+         'reference/internals']
 STAGES = ['utils', 'partition', 'comm', 'graph', 'nn', 'loader', 'train',
           'datasets', 'cli']
 # Every module whose ``__all__`` the reference documents.
@@ -148,6 +149,19 @@ def test_dist_graph_page_shows_the_user_api_only(site):
         assert f'pyg_sar.graph.DistGraph.{name}' in ids, name
     for name in DistGraph._doc_internal:
         assert f'pyg_sar.graph.DistGraph.{name}' not in ids, name
+
+
+def test_internals_are_on_their_own_page(site):
+    """The communication plumbing is not on the stage's page but on the
+    internals page, under the path the package reaches it by."""
+    from pyg_sar.comm import PLUMBING
+    html, _ = site
+    stage = _parse(osp.join(html, 'reference', 'comm.html')).ids
+    internals = _parse(osp.join(html, 'reference', 'internals.html')).ids
+    for name, module in PLUMBING.items():
+        assert f'pyg_sar.comm.{name}' not in stage, name
+        if not module.endswith(f'.{name}'):  # (a module: not an entry)
+            assert f'pyg_sar.comm.{name}' in internals, name
 
 
 def test_cheatsheet_lists_every_conv_and_norm(site):

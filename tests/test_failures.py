@@ -199,6 +199,7 @@ def test_collective_failure_names_the_rank_that_reported_first():
 
 
 def test_peer_error_message_from_transport_text(monkeypatch):
+    from pyg_sar.comm.errors import peer_error
     monkeypatch.setattr(comm.process_group, 'get_rank', lambda: 2)
     monkeypatch.setattr(comm.process_group, 'get_world_size', lambda: 4)
     monkeypatch.setattr(comm.config(), 'timeout', timedelta(seconds=60))
@@ -206,21 +207,21 @@ def test_peer_error_message_from_transport_text(monkeypatch):
         '[/src/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection '
         'closed by peer [10.0.0.7]:4242. This is typically caused by a '
         'remote worker crashing. Check the logs of the remote worker.')
-    error = comm._peer_error('barrier', None, cause, 0.013)
+    error = peer_error('barrier', None, cause, 0.013)
     assert str(error) == (
         'rank 2: barrier across 4 ranks failed after 0.01s (timeout 60s); '
         'a peer rank (the one at 10.0.0.7:4242) has probably died: '
         'Connection closed by peer [10.0.0.7]:4242')
     assert error.address == '10.0.0.7:4242' and error.peer is None
 
-    named = comm._peer_error(
+    named = peer_error(
         'all_reduce(sum)', None,
         RuntimeError('[Rank 2]: Rank 3 failed to pass monitoredBarrier'),
         0.5)
     assert named.peer == 3
     assert 'rank 3 has probably died' in str(named)
 
-    hung = comm._peer_error('send', 1, RuntimeError(
+    hung = peer_error('send', 1, RuntimeError(
         '[/x/unbound_buffer.cc:129] Timed out waiting 60000ms for send '
         'operation to complete'), 60.004)
     assert hung.timed_out and hung.peer == 1

@@ -1,8 +1,10 @@
 """The package layout, read from the source: one folder per stage, no import
 circles, no import from a later stage into an earlier one, every
 ``torch.distributed`` import in the communication stage, no module reaching
-into another's private names, the partitioner split by concern, and the fast
-paths (``import pyg_sar``, ``pyg-sar --help``) free of torch."""
+into another's private names, the partitioner and the loaders split by
+concern, a small public surface (each stage's ``__all__`` pinned, no private
+name in any ``__all__``), and the fast paths (``import pyg_sar``,
+``pyg-sar --help``) free of torch."""
 import ast
 import os
 import os.path as osp
@@ -91,11 +93,15 @@ def test_one_folder_per_stage_with_a_docstring():
     assert top == sorted(STAGES), top
     loose = [n for n in os.listdir(ROOT) if n.endswith('.py')]
     assert loose == ['__init__.py'], loose
-    for stage in STAGES:
-        init = osp.join(ROOT, stage, '__init__.py')
-        doc = ast.get_docstring(ast.parse(open(init).read()))
+    # Every package, the stages and the folders inside them.
+    for module, path in MODULES.items():
+        if not path.endswith('__init__.py') or module == 'pyg_sar':
+            continue
+        doc = ast.get_docstring(ast.parse(open(path).read()))
         assert doc and len(doc.split()) >= 25, \
-            f'pyg_sar.{stage} needs a one-paragraph docstring'
+            f'{module} needs a one-paragraph docstring'
+
+
 
 
 def test_no_import_circles():
@@ -163,7 +169,8 @@ def test_torch_distributed_only_in_comm():
 
 
 # The stages whose modules use only each other's public names.
-PUBLIC_NAMES_ONLY = ['partition', 'train', 'datasets', 'cli']
+PUBLIC_NAMES_ONLY = ['partition', 'comm', 'graph', 'loader', 'train',
+                     'datasets', 'cli']
 
 
 def _private_uses(module: str, path: str):
@@ -247,6 +254,41 @@ def test_partition_is_split_by_concern():
     assert not wrong, 'partition steps out of order: ' + '; '.join(wrong)
 
 
+# The loaders' subpackages, one per concern, and the ones each may import:
+# what a loader reads of its part, how neighborhoods are drawn, what a batch
+# is made of.
+LOADER_CONCERNS = {
+    'shards': set(),
+    'sampling': {'shards'},
+    'batches': {'shards', 'sampling'},
+}
+
+
+def test_loader_is_split_by_concern():
+    root = osp.join(ROOT, 'loader')
+    concerns = sorted(n for n in os.listdir(root)
+                      if osp.isdir(osp.join(root, n)) and n != '__pycache__')
+    assert concerns == sorted(LOADER_CONCERNS), concerns
+    for folder, names, files in os.walk(root):
+        names[:] = [n for n in names if n != '__pycache__']
+        modules = [f for f in files
+                   if f.endswith('.py') and f != '__init__.py']
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, \
+            f'{folder} holds {len(modules)} modules'
+    wrong = []
+    for module, targets in GRAPH.items():
+        parts = module.split('.')
+        if parts[:2] != ['pyg_sar', 'loader'] or len(parts) < 4:
+            continue
+        for target in targets:
+            other = target.split('.')
+            if other[:2] == ['pyg_sar', 'loader'] and (
+                    len(other) < 4 or other[2] != parts[2] and
+                    other[2] not in LOADER_CONCERNS[parts[2]]):
+                wrong.append(f'{module} -> {target}')
+    assert not wrong, 'loader concerns out of order: ' + '; '.join(wrong)
+
+
 @pytest.mark.parametrize('code', [
     'import pyg_sar; pyg_sar.__version__',
     'import sys; sys.argv = ["pyg-sar", "--help"]\n'
@@ -280,3 +322,87 @@ def test_every_convolution_is_public_in_pyg_sar_nn():
     assert not missing, f'pyg_sar.nn.__all__ lacks {missing}'
     for name in pyg_sar.nn.conv.__all__:
         assert getattr(pyg_sar.nn, name) is getattr(pyg_sar.nn.conv, name)
+
+
+# What users call, stage by stage: growing a stage's __all__ is a deliberate
+# act (edit this list too); internals stay importable from the module that
+# defines them.
+PUBLIC_API = {
+    'pyg_sar': [
+        'partition_graph', 'load_partition', 'Partition', 'HeteroPartition',
+        'init_distributed', 'sync_params', 'all_reduce_grads', 'comm_stats',
+        'reset_comm_stats', 'global_count', 'configure', 'PeerError',
+        'DistGraph', 'HeteroDistGraph', 'comm', 'nn', 'loader', 'train',
+        'datasets', 'cli', 'link', 'checkpoint', '__version__'],
+    'pyg_sar.utils': [],
+    'pyg_sar.partition': [
+        'partition_graph', 'partition_graph_parallel', 'load_partition',
+        'Partition', 'HeteroPartition', 'NodePart', 'EdgePart'],
+    'pyg_sar.comm': [
+        'init_distributed', 'get_rank', 'get_world_size', 'find_free_port',
+        'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
+        'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
+        'report_failure', 'barrier', 'all_reduce', 'broadcast_',
+        'all_gather_object', 'global_sum', 'global_count', 'sync_params',
+        'all_reduce_grads', 'ddp_sum_hook', 'ProcessGroupExchange'],
+    'pyg_sar.graph': ['DistGraph', 'HeteroDistGraph'],
+    'pyg_sar.nn': [
+        'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
+        'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
+        'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv',
+        'RGCNConv', 'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
+        'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
+        'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv',
+        'WLConv', 'to_distributed', 'convertible'],
+    'pyg_sar.loader': [
+        'DistNeighborLoader', 'DistHeteroNeighborLoader',
+        'DistLinkNeighborLoader', 'DistHeteroLinkNeighborLoader',
+        'sample_neighbors'],
+    'pyg_sar.train': [
+        'train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
+        'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog'],
+    'pyg_sar.datasets': [
+        'load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
+        'random_planetoid_split', 'SYNTHETIC_DEFAULTS'],
+    'pyg_sar.cli': ['main', 'build_parser', 'register_command', 'COMMANDS'],
+}
+
+
+def test_each_stage_exports_exactly_its_public_api():
+    import importlib
+    assert sorted(PUBLIC_API) == sorted(['pyg_sar'] + [f'pyg_sar.{s}'
+                                                       for s in STAGES])
+    for name, expected in PUBLIC_API.items():
+        module = importlib.import_module(name)
+        found = list(getattr(module, '__all__', []))
+        assert len(found) == len(set(found)), f'{name}.__all__ repeats names'
+        added = sorted(set(found) - set(expected))
+        missing = sorted(set(expected) - set(found))
+        assert not added and not missing, (
+            f'{name}.__all__ gained {added} and lost {missing}; update '
+            f'PUBLIC_API in tests/test_layout.py if that is meant')
+        for public in found:
+            assert getattr(module, public, None) is not None, \
+                f'{name}.__all__ names {public!r}, which it lacks'
+
+
+def _all_of(module: str, path: str):
+    """``__all__`` of ``module``: its literal list, else (built at import)
+    the imported module's."""
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, 'id', None) == '__all__' for t in node.targets):
+            try:
+                return list(ast.literal_eval(node.value))
+            except ValueError:
+                import importlib
+                return list(importlib.import_module(module).__all__)
+    return []
+
+
+def test_no_all_holds_a_private_name():
+    private = [f'{module}: {name}' for module, path in MODULES.items()
+               for name in _all_of(module, path)
+               if name.startswith('_') and not
+               (name.startswith('__') and name.endswith('__'))]
+    assert not private, f'private names in __all__: {private}'

@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 import pyg_sar
 from pyg_sar import comm
-from pyg_sar.graph import EdgeBlock, EdgeChunk
+from pyg_sar.comm.channels import channel_group
+from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
 from pyg_sar.graph.exchange import RowPlan
 from _dist import run_workers
 from _graphs import hard_graph
@@ -46,7 +47,7 @@ def _record_exchanges(rank, world_size, root, mode, chunk_size):
     original_single = dist.all_to_all_single
 
     def recording_batch(ops):
-        channel = comm._CHANNEL_GROUPS['gradients']
+        channel = channel_group('gradients')
         batches.append([(op.op.__name__, op.peer, op.tag,
                          op.group is not channel) for op in ops])
         return original_batch(ops)

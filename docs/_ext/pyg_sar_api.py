@@ -12,6 +12,10 @@ cannot drift from it. Options:
     Modules documented elsewhere: a name that is the same object as one in
     their ``__all__`` is only listed, and links to that entry (``pyg_sar.nn``
     re-exports the convolutions that ``pyg_sar.nn.conv`` documents).
+``:no-docstring:``
+    Leave the module's docstring out (it is documented on another page):
+    the names are documented under the module's path, as the package
+    reaches them (``pyg_sar.comm``'s plumbing, on the internals page).
 
 The extension also resolves references that name an object by another
 public path than the documented one: ``pyg_sar.DistGraph`` (the lazy
@@ -102,6 +106,7 @@ class ApiDirective(SphinxDirective):
     option_spec = {
         'names': directives.unchanged,
         'defer-to': directives.unchanged,
+        'no-docstring': directives.flag,
     }
 
     def run(self) -> List[nodes.Node]:
@@ -110,7 +115,9 @@ class ApiDirective(SphinxDirective):
         names = _word_list(self.options.get('names')) or public_names(module)
         deferred = self._deferred(module, names)
 
-        lines = [f'.. automodule:: {module_name}', '']
+        lines = [f'.. currentmodule:: {module_name}'
+                 if 'no-docstring' in self.options
+                 else f'.. automodule:: {module_name}', '']
         if names:
             lines += ['.. rubric:: Summary', '',
                       '.. autosummary::', '   :nosignatures:', '']

@@ -45,11 +45,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from pyg_sar.comm.errors import (SettingsMismatchError, _peer_error, _wait,
-                                 describe_difference, publish_settings)
-from pyg_sar.comm.process_group import (_active, _comm_device,
-                                        before_teardown, get_rank)
-from pyg_sar.comm.state import _CONFIG, _STATS, SHARED_SETTINGS
+from pyg_sar.comm.errors import (SettingsMismatchError, describe_difference,
+                                 peer_error, publish_settings, timed_wait)
+from pyg_sar.comm.process_group import (before_teardown, comm_device,
+                                        get_rank, is_active)
+from pyg_sar.comm.state import SHARED_SETTINGS, STATS, config
 
 # The world group the last agreement was made in, the shared settings agreed
 # there, and the control group (made at a process group's first agreement).
@@ -59,13 +59,13 @@ _STATE: Dict[str, Any] = {'world': None, 'values': None, 'control': None,
 
 def shared_settings() -> Tuple[int, ...]:
     """This rank's values of :data:`~pyg_sar.comm.state.SHARED_SETTINGS`."""
-    return tuple(getattr(_CONFIG, name) for name in SHARED_SETTINGS)
+    return tuple(getattr(config(), name) for name in SHARED_SETTINGS)
 
 
 def ensure_agreed() -> None:
     """Agrees on the shared settings when they changed on this rank since
     the ranks last agreed (see the module docs): free otherwise."""
-    if not _active() or _STATE['world'] is not dist.group.WORLD:
+    if not is_active() or _STATE['world'] is not dist.group.WORLD:
         return  # not agreed yet in this process group: agree() compares
     values = shared_settings()
     if values == _STATE['values']:
@@ -81,12 +81,12 @@ def _gather_on_control(values: Tuple[int, ...]) -> List[Dict[str, int]]:
     group)."""
     mine = torch.tensor(values, dtype=torch.long)
     if _STATE['control_backend'] != 'gloo':
-        mine = _comm_device(mine)
+        mine = comm_device(mine)
     out = mine.new_empty(dist.get_world_size() * mine.numel())
-    _STATS['collectives'] += 1
-    _wait(dist.all_gather_into_tensor(out, mine, group=_STATE['control'],
-                                      async_op=True),
-          'all_gather(shared settings)')
+    STATS['collectives'] += 1
+    timed_wait(dist.all_gather_into_tensor(out, mine, group=_STATE['control'],
+                                           async_op=True),
+               'all_gather(shared settings)')
     return [dict(zip(SHARED_SETTINGS, row))
             for row in out.view(-1, mine.numel()).tolist()]
 
@@ -100,7 +100,7 @@ def agree(what: str, options: Optional[Dict[str, Any]] = None,
     values = shared_settings()
     mine = ({**dict(zip(SHARED_SETTINGS, values)), **(options or {})},
             payload)
-    if not _active():
+    if not is_active():
         return [payload]
     publish_settings(dict(zip(SHARED_SETTINGS, values)))
     everyone = gather_objects(mine)
@@ -114,14 +114,14 @@ def agree(what: str, options: Optional[Dict[str, Any]] = None,
 def gather_objects(obj: Any, group: Optional[object] = None) -> List[Any]:
     """Gathers one picklable object from every rank of ``group`` (the world
     group by default); no agreement first."""
-    _STATS['collectives'] += 1
+    STATS['collectives'] += 1
     out: List = [None] * dist.get_world_size(group)
     start = time.perf_counter()
     try:
         dist.all_gather_object(out, obj, group=group)
     except Exception as e:
-        raise _peer_error('all_gather_object', None, e,
-                          time.perf_counter() - start) from e
+        raise peer_error('all_gather_object', None, e,
+                         time.perf_counter() - start) from e
     return out
 
 
@@ -137,11 +137,11 @@ def _start() -> None:
     # CPU, whatever the backend of the data.
     backend = 'gloo' if dist.is_gloo_available() else None
     try:
-        control = dist.new_group(backend=backend, timeout=_CONFIG.timeout,
+        control = dist.new_group(backend=backend, timeout=config().timeout,
                                  group_desc='pyg_sar:control')
     except Exception as e:
-        raise _peer_error('new_group(control)', None, e,
-                          time.perf_counter() - start) from e
+        raise peer_error('new_group(control)', None, e,
+                         time.perf_counter() - start) from e
     _STATE.update(world=world, values=None, control=control,
                   control_backend=backend)
 

@@ -42,7 +42,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from pyg_sar.comm.state import _CONFIG, _STATS
+from pyg_sar.comm.state import STATS, config
 
 # A new buffer is this much larger than asked for, so that the similar but
 # not equal tables of the next peers fit in it (pages never written are
@@ -117,15 +117,15 @@ def empty(shape: Sequence[int], dtype: torch.dtype,
     new."""
     device = torch.device(device)
     nbytes = math.prod(shape) * dtype.itemsize
-    if (_POOL.depth == 0 or device.type != 'cpu' or not _CONFIG.reuse_buffers
+    if (_POOL.depth == 0 or device.type != 'cpu' or not config().reuse_buffers
             or _ALONE is None or nbytes == 0
-            or nbytes < _CONFIG.reuse_buffers_from):
+            or nbytes < config().reuse_buffers_from):
         return torch.empty(shape, dtype=dtype, device=device)
     free = [b for b in _POOL.buffers if _unused(b)]
     fits = [b for b in free if b.numel() >= nbytes]
     if fits:
         base = min(fits, key=Tensor.numel)
-        _STATS['buffers_reused'] += 1
+        STATS['buffers_reused'] += 1
     else:
         # Let-go buffers too small for this one would only be held: drop
         # them before mapping a new one.

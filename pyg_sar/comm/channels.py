@@ -29,9 +29,10 @@ from typing import Dict, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from pyg_sar.comm.errors import _peer_error, _wait
-from pyg_sar.comm.process_group import _active, _comm_device, before_teardown
-from pyg_sar.comm.state import _CONFIG
+from pyg_sar.comm.errors import peer_error, timed_wait
+from pyg_sar.comm.process_group import (before_teardown, comm_device,
+                                        is_active)
+from pyg_sar.comm.state import config
 
 #: Channel names other than ``'default'`` (the world group): the SAR
 #: engine's gradient send-back, and the loaders' sampling rounds.
@@ -54,7 +55,7 @@ def ensure_channels(names: Sequence[str] = ('gradients', )) -> None:
     """Creates the groups of the channels ``names`` that do not exist yet,
     once per process group (collective: every rank calls it at the same
     point with the same names)."""
-    if not _active():
+    if not is_active():
         return
     world = dist.group.WORLD
     if _WORLD['group'] is not world:
@@ -66,16 +67,16 @@ def ensure_channels(names: Sequence[str] = ('gradients', )) -> None:
             continue
         start = time.perf_counter()
         try:
-            group = dist.new_group(timeout=_CONFIG.timeout,
+            group = dist.new_group(timeout=config().timeout,
                                    group_desc=f'pyg_sar:{name}')
         except Exception as e:
-            raise _peer_error(f'new_group({name})', None, e,
-                              time.perf_counter() - start) from e
+            raise peer_error(f'new_group({name})', None, e,
+                             time.perf_counter() - start) from e
         # The group's first operation involves every rank (NCCL requires it
         # before point-to-point calls between subsets of the group).
-        probe = _comm_device(torch.zeros(1))
-        _wait(dist.all_reduce(probe, group=group, async_op=True),
-              f'all_reduce(first use of channel {name!r})')
+        probe = comm_device(torch.zeros(1))
+        timed_wait(dist.all_reduce(probe, group=group, async_op=True),
+                   f'all_reduce(first use of channel {name!r})')
         _GROUPS[name] = group
 
 
@@ -106,7 +107,7 @@ def channel_group(channel: str = 'default') -> Optional[object]:
     the world group."""
     if channel == 'default':
         channel = _SCOPE.channel
-    if channel == 'default' or not _active():
+    if channel == 'default' or not is_active():
         return None
     _check_name(channel)
     if _WORLD['group'] is not dist.group.WORLD or channel not in _GROUPS:

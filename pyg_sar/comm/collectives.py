@@ -18,24 +18,24 @@ from torch import Tensor
 
 from pyg_sar.comm.agreement import gather_objects
 from pyg_sar.comm.channels import channel_group
-from pyg_sar.comm.errors import _wait
-from pyg_sar.comm.process_group import (_active, _comm_device, destroy_groups,
-                                        get_rank, get_world_size)
+from pyg_sar.comm.errors import timed_wait
+from pyg_sar.comm.process_group import (comm_device, destroy_groups,
+                                        get_rank, get_world_size, is_active)
 from pyg_sar.comm.sequence import before_operation
-from pyg_sar.comm.state import _STATS
+from pyg_sar.comm.state import STATS
 
 
 def barrier() -> None:
     """Waits for every rank, with the configured timeout."""
-    if not _active():
+    if not is_active():
         return
     before_operation()
     _barrier()
 
 
 def _barrier() -> None:
-    _STATS['collectives'] += 1
-    _wait(dist.barrier(group=channel_group(), async_op=True), 'barrier')
+    STATS['collectives'] += 1
+    timed_wait(dist.barrier(group=channel_group(), async_op=True), 'barrier')
 
 
 def shutdown() -> None:
@@ -49,7 +49,7 @@ def shutdown() -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:
-        if _active():
+        if is_active():
             _barrier()  # the end: nothing left to pair or to shape
     finally:
         destroy_groups()
@@ -57,18 +57,18 @@ def shutdown() -> None:
 
 def all_reduce(tensor: Tensor, op: str = 'sum') -> Tensor:
     """In-place all-reduce of ``tensor`` (``'sum'``, ``'max'`` or ``'min'``)."""
-    if not _active():
+    if not is_active():
         return tensor
     reduce_op = {'sum': dist.ReduceOp.SUM, 'max': dist.ReduceOp.MAX,
                  'min': dist.ReduceOp.MIN}[op]
     before_operation()
-    buf = _comm_device(tensor)
-    _STATS['collectives'] += 1
+    buf = comm_device(tensor)
+    STATS['collectives'] += 1
     nbytes = buf.numel() * buf.element_size()
-    _STATS['bytes_sent'] += nbytes
-    _STATS['bytes_received'] += nbytes
-    _wait(dist.all_reduce(buf, op=reduce_op, group=channel_group(),
-                          async_op=True), f'all_reduce({op})')
+    STATS['bytes_sent'] += nbytes
+    STATS['bytes_received'] += nbytes
+    timed_wait(dist.all_reduce(buf, op=reduce_op, group=channel_group(),
+                               async_op=True), f'all_reduce({op})')
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
@@ -76,18 +76,18 @@ def all_reduce(tensor: Tensor, op: str = 'sum') -> Tensor:
 
 def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
     """In-place broadcast of ``tensor`` from rank ``src``."""
-    if not _active():
+    if not is_active():
         return tensor
     before_operation()
-    buf = _comm_device(tensor)
-    _STATS['collectives'] += 1
+    buf = comm_device(tensor)
+    STATS['collectives'] += 1
     nbytes = buf.numel() * buf.element_size()
     if get_rank() == src:
-        _STATS['bytes_sent'] += nbytes
+        STATS['bytes_sent'] += nbytes
     else:
-        _STATS['bytes_received'] += nbytes
-    _wait(dist.broadcast(buf, src=src, group=channel_group(),
-                         async_op=True), f'broadcast(from rank {src})')
+        STATS['bytes_received'] += nbytes
+    timed_wait(dist.broadcast(buf, src=src, group=channel_group(),
+                              async_op=True), f'broadcast(from rank {src})')
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor
@@ -124,7 +124,7 @@ def global_sum(t: Tensor) -> Tensor:
 
 def all_gather_object(obj) -> List:
     """Gathers one picklable object from every rank (small metadata only)."""
-    if not _active():
+    if not is_active():
         return [obj]
     before_operation()
     return gather_objects(obj, channel_group())
@@ -143,7 +143,7 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
         raise ValueError(f"all_to_all_v needs one tensor per rank "
                          f"({world_size}), got {len(tensors)}")
     rank = get_rank()
-    if not _active():
+    if not is_active():
         return [tensors[0]]
     before_operation()
     mine = tensors[rank]
@@ -152,19 +152,19 @@ def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:
                    for q, t in enumerate(tensors)]
     recv_counts = _all_to_all_counts(
         torch.tensor(send_counts, dtype=torch.long)).tolist()
-    send = _comm_device(torch.cat(
+    send = comm_device(torch.cat(
         [t.reshape(-1, *trailing) for q, t in enumerate(tensors) if q != rank]
         or [mine.new_empty((0, *trailing))]).contiguous())
     recv = send.new_empty((sum(recv_counts), *trailing))
     row_bytes = send.element_size() * math.prod(trailing)
-    _STATS['collectives'] += 1
-    _STATS['bytes_sent'] += sum(send_counts) * row_bytes
-    _STATS['bytes_received'] += sum(recv_counts) * row_bytes
-    _STATS['messages_sent'] += sum(1 for n in send_counts if n)
-    _STATS['messages_received'] += sum(1 for n in recv_counts if n)
-    _wait(dist.all_to_all_single(recv, send, recv_counts, send_counts,
-                                 group=channel_group(), async_op=True),
-          'all_to_all')
+    STATS['collectives'] += 1
+    STATS['bytes_sent'] += sum(send_counts) * row_bytes
+    STATS['bytes_received'] += sum(recv_counts) * row_bytes
+    STATS['messages_sent'] += sum(1 for n in send_counts if n)
+    STATS['messages_received'] += sum(1 for n in recv_counts if n)
+    timed_wait(dist.all_to_all_single(recv, send, recv_counts, send_counts,
+                                      group=channel_group(), async_op=True),
+               'all_to_all')
     received = list(recv.to(device).split(recv_counts))
     received[rank] = mine
     return received
@@ -188,13 +188,13 @@ def ask_owners(keys: Tensor, owner: Tensor,
 
 def _all_to_all_counts(counts: Tensor) -> Tensor:
     out = torch.empty_like(counts)
-    send, recv = _comm_device(counts), _comm_device(out)
-    _STATS['collectives'] += 1
+    send, recv = comm_device(counts), comm_device(out)
+    STATS['collectives'] += 1
     nbytes = counts.numel() * counts.element_size()
-    _STATS['bytes_sent'] += nbytes
-    _STATS['bytes_received'] += nbytes
-    _wait(dist.all_to_all_single(recv, send, group=channel_group(),
-                                 async_op=True), 'all_to_all')
+    STATS['bytes_sent'] += nbytes
+    STATS['bytes_received'] += nbytes
+    timed_wait(dist.all_to_all_single(recv, send, group=channel_group(),
+                                      async_op=True), 'all_to_all')
     return recv.cpu() if recv is not out else out
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_sar.comm.process_group import get_rank
-from pyg_sar.comm.state import _STATS
+from pyg_sar.comm.state import STATS
 
 # DCP's metadata file, in every checkpoint directory it writes.
 METADATA_FILE = '.metadata'
@@ -139,7 +139,7 @@ def save(tensors: Dict[str, Tensor], path: str) -> None:
     """Writes ``{name: tensor}`` into the directory ``path`` with DCP
     (collective: every rank passes the same names with equal tensors)."""
     from torch.distributed import checkpoint as dcp
-    _STATS['collectives'] += 1
+    STATS['collectives'] += 1
     try:
         with warnings.catch_warnings():  # "assuming ... a single process"
             warnings.simplefilter('ignore', UserWarning)
@@ -157,7 +157,7 @@ def load(tensors: Dict[str, Tensor], storage: Any, path: str,
     every tensor). The first rank's error passes when its type is in
     ``keep``; any other is a one-line :class:`OSError`."""
     from torch.distributed import checkpoint as dcp
-    _STATS['collectives'] += 1
+    STATS['collectives'] += 1
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', UserWarning)

@@ -1,6 +1,6 @@
 """Failed waits: :class:`PeerError`, the timed wait every operation goes
-through (:func:`_wait`), and the message naming the dead or hung peer, built
-from the transport's error (:func:`_peer_error`); and
+through (:func:`timed_wait`), and the message naming the dead or hung peer,
+built from the transport's error (:func:`peer_error`); and
 :class:`SettingsMismatchError`, a setting that differs across ranks, which a
 failed wait reports instead when the ranks' published settings differ."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from typing import Any, Dict, Optional
 
 from pyg_sar.comm import process_group
-from pyg_sar.comm.state import _CONFIG, SHARED_SETTINGS
+from pyg_sar.comm.state import SHARED_SETTINGS, config
 
 
 class PeerError(RuntimeError):
@@ -86,16 +86,20 @@ def describe_difference(setting: str, values: Dict[int, Any]) -> str:
     return f"{setting} differs across ranks: {', '.join(parts)}"
 
 
-def _wait(work, what: str, peer: Optional[int] = None) -> None:
-    timeout = _CONFIG.timeout
+def timed_wait(work, what: str, peer: Optional[int] = None) -> None:
+    """Waits for ``work`` (a ``torch.distributed`` work handle of the
+    operation ``what``, with ``peer`` for a send or receive) at most the
+    configured timeout; a failed or timed-out wait raises
+    :func:`peer_error`'s error."""
+    timeout = config().timeout
     start = time.perf_counter()
     try:
         ok = work.wait(timeout)
     except Exception as e:  # gloo raises on closed sockets and timeouts
-        raise _peer_error(what, peer, e,
-                          time.perf_counter() - start) from e
+        raise peer_error(what, peer, e,
+                         time.perf_counter() - start) from e
     if ok is False:
-        raise _peer_error(what, peer, None, time.perf_counter() - start)
+        raise peer_error(what, peer, None, time.perf_counter() - start)
 
 
 # What transports say in their errors. gloo: "[.../pair.cc:537] Read error
@@ -175,7 +179,7 @@ def _settings_mismatch(rank: int, world_size: int
     store = _store()
     if store is None:
         return None
-    mine = {name: getattr(_CONFIG, name) for name in SHARED_SETTINGS}
+    mine = {name: getattr(config(), name) for name in SHARED_SETTINGS}
     published: Dict[int, Dict[str, Any]] = {rank: mine}
     try:
         for q in range(world_size):
@@ -211,9 +215,9 @@ def _reported_failures(rank: int, world_size: int) -> Dict[int, str]:
     return found
 
 
-def _peer_error(what: str, peer: Optional[int],
-                cause: Optional[BaseException],
-                elapsed: float) -> Exception:
+def peer_error(what: str, peer: Optional[int],
+               cause: Optional[BaseException],
+               elapsed: float) -> Exception:
     """Builds the :class:`PeerError` of a failed wait of ``elapsed`` seconds
     on ``what`` (a send/receive with ``peer``, or a collective); a
     :class:`SettingsMismatchError` instead when the ranks' published shared
@@ -226,7 +230,7 @@ def _peer_error(what: str, peer: Optional[int],
     mismatch = _settings_mismatch(rank, world_size)
     if mismatch is not None:
         return mismatch
-    timeout = _CONFIG.timeout.total_seconds()
+    timeout = config().timeout.total_seconds()
     text = str(cause) if cause is not None else ''
     address = None
     match = _ADDRESS.search(text)

@@ -24,15 +24,15 @@ import traceback
 from typing import Optional
 
 from pyg_sar.comm.errors import PeerError, report_failure
-from pyg_sar.comm.process_group import after_init
 
 _INSTALLED = {'hook': None}
 
 
-@after_init
 def install_failure_hook() -> None:
     """Records this worker's uncaught error for the launcher and its peers
-    (once per process; the previous ``sys.excepthook`` still runs)."""
+    (once per process; the previous ``sys.excepthook`` still runs).
+    :mod:`pyg_sar.comm` registers it to run when this worker joins a
+    process group."""
     if _INSTALLED['hook'] is not None:
         return
     previous = sys.excepthook

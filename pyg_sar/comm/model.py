@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from pyg_sar.comm.collectives import all_reduce, broadcast_
-from pyg_sar.comm.process_group import _active
-from pyg_sar.comm.state import _STATS
+from pyg_sar.comm.process_group import is_active
+from pyg_sar.comm.state import STATS
 from pyg_sar.utils.layer_guard import guard_layers
 
 
@@ -17,7 +17,7 @@ def sync_params(model: torch.nn.Module, src: int = 0) -> None:
     model refuse a :class:`~pyg_sar.DistGraph` with an error that names
     :func:`~pyg_sar.nn.to_distributed` (:mod:`pyg_sar.utils.layer_guard`)."""
     guard_layers(model)
-    if not _active():
+    if not is_active():
         return
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
@@ -32,7 +32,7 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
     over ranks then equals the single-process mean-loss gradient exactly.
     Parameters without a gradient on some rank are treated as zero.
     """
-    if not _active():
+    if not is_active():
         return
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -64,8 +64,8 @@ def ddp_sum_hook(state, bucket):
     """
     tensor = bucket.buffer()
     nbytes = tensor.numel() * tensor.element_size()
-    _STATS['collectives'] += 1
-    _STATS['bytes_sent'] += nbytes
-    _STATS['bytes_received'] += nbytes
+    STATS['collectives'] += 1
+    STATS['bytes_sent'] += nbytes
+    STATS['bytes_received'] += nbytes
     future = dist.all_reduce(tensor, async_op=True).get_future()
     return future.then(lambda fut: fut.value()[0])

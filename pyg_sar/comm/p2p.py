@@ -21,10 +21,10 @@ from torch import Tensor
 
 from pyg_sar.comm import buffers
 from pyg_sar.comm.channels import channel_group
-from pyg_sar.comm.errors import _peer_error, _wait
-from pyg_sar.comm.process_group import _comm_device
+from pyg_sar.comm.errors import peer_error, timed_wait
+from pyg_sar.comm.process_group import comm_device
 from pyg_sar.comm.sequence import before_operation
-from pyg_sar.comm.state import _CONFIG, _STATS
+from pyg_sar.comm.state import STATS, config
 
 
 class PendingExchange:
@@ -41,7 +41,7 @@ class PendingExchange:
 
     def wait(self) -> Dict[int, List[Tensor]]:
         for work, what, peer in self._works:
-            _wait(work, what, peer)
+            timed_wait(work, what, peer)
         for wire, out in self._copy_back:
             out.copy_(wire)
         self._works, self._copy_back, self._keep_alive = [], [], []
@@ -50,7 +50,8 @@ class PendingExchange:
 
 def _split(flat: Tensor) -> List[Tensor]:
     """Cuts a flat tensor into messages of at most the configured size."""
-    step = max(1, _CONFIG.max_bytes_per_message // max(flat.element_size(), 1))
+    step = max(1, config().max_bytes_per_message //
+               max(flat.element_size(), 1))
     return list(flat.split(step)) if flat.numel() > step else [flat]
 
 
@@ -102,12 +103,12 @@ def post_exchange(
         for shape, dtype in specs:
             buf = buffers.empty(shape, dtype, device)
             if buf.numel() > 0:
-                wire = _comm_device(buf)
+                wire = comm_device(buf)
                 for piece in _split(wire.view(-1)):
                     p2p_ops.append(dist.P2POp(dist.irecv, piece, peer, group))
                     labels.append(('receive', peer))
-                    _STATS['messages_received'] += 1
-                _STATS['bytes_received'] += buf.numel() * buf.element_size()
+                    STATS['messages_received'] += 1
+                STATS['bytes_received'] += buf.numel() * buf.element_size()
                 if wire is not buf:  # e.g. gloo with CUDA features
                     keep_alive.append(wire)
                     copy_back.append((wire, buf))
@@ -117,22 +118,22 @@ def post_exchange(
         for tensor in tensors:
             if tensor.numel() == 0:
                 continue
-            wire = _comm_device(tensor.contiguous())
+            wire = comm_device(tensor.contiguous())
             keep_alive.append(wire)
             for piece in _split(wire.view(-1)):
                 p2p_ops.append(dist.P2POp(dist.isend, piece, peer, group))
                 labels.append(('send', peer))
-                _STATS['messages_sent'] += 1
-            _STATS['bytes_sent'] += tensor.numel() * tensor.element_size()
+                STATS['messages_sent'] += 1
+            STATS['bytes_sent'] += tensor.numel() * tensor.element_size()
     works = []
     if p2p_ops:
-        _STATS['collectives'] += 1
+        STATS['collectives'] += 1
         start = time.perf_counter()
         try:
             works = dist.batch_isend_irecv(p2p_ops)
         except Exception as e:  # a peer whose connection is gone
             what, peer = labels[0]
-            raise _peer_error(what, peer, e,
-                              time.perf_counter() - start) from e
+            raise peer_error(what, peer, e,
+                             time.perf_counter() - start) from e
     return PendingExchange(_labels(labels, works), received, copy_back,
                            keep_alive)

@@ -91,7 +91,8 @@ def init_distributed(
 
 
 # What runs once this worker has joined a process group: registered by the
-# modules that need it (comm/launcher.py), so this one imports none of them.
+# package (comm/__init__.py registers launcher's hook), so this module
+# imports none of them.
 _AFTER_INIT: List[Callable[[], None]] = []
 
 
@@ -209,7 +210,9 @@ def _restart_store(timeout: timedelta):
     return dist.PrefixStore(f'pyg_sar/restart-{restart}', store)
 
 
-def _active() -> bool:
+def is_active() -> bool:
+    """Whether this worker is in a process group of more than one rank
+    (otherwise every operation is a local no-op)."""
     return dist.is_available() and dist.is_initialized() and \
         dist.get_world_size() > 1
 
@@ -226,7 +229,7 @@ def get_world_size() -> int:
         dist.is_initialized() else 1
 
 
-def _comm_device(tensor: Tensor) -> Tensor:
+def comm_device(tensor: Tensor) -> Tensor:
     """The tensor on the device the backend moves: the current GPU for
     nccl, the CPU for gloo (which cannot send CUDA tensors point to point);
     the tensor itself where it already lives there."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Callable, List
 
 from pyg_sar.comm.agreement import ensure_agreed
-from pyg_sar.comm.process_group import _active
+from pyg_sar.comm.process_group import is_active
 
 # Collective work left unfinished, in the order it was left, and whether it
 # is running (its own operations must not start it again).
@@ -37,7 +37,7 @@ def finish_before_next_operation(work: Callable[[], None]) -> None:
 def before_operation() -> None:
     """Finishes the work left unfinished, then agrees on changed settings
     (free when there is neither)."""
-    if not _active():
+    if not is_active():
         _UNFINISHED.clear()  # nobody waits for it
         return
     if _UNFINISHED and not _RUNNING['now']:

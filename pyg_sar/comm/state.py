@@ -1,9 +1,8 @@
 """Communication settings and counters, the mutable state of
 :mod:`pyg_sar.comm`.
 
-``_CONFIG`` and ``_STATS`` exist once, here. The other submodules import these
-objects and change them in place (never rebind them), so they and
-``pyg_sar.comm._CONFIG`` / ``pyg_sar.comm._STATS`` are the same objects.
+The settings (:func:`config`) and the counters (:data:`STATS`) exist once,
+here. The other submodules change them in place, never rebinding them.
 """
 from __future__ import annotations
 
@@ -89,13 +88,15 @@ class CommConfig:
 SHARED_SETTINGS = ('max_bytes_per_message', 'halo_slice_bytes')
 
 _CONFIG = CommConfig()
-_STATS: Dict[str, int] = {}
+#: The live counters of :func:`comm_stats`, which the operations of
+#: :mod:`pyg_sar.comm` increase.
+STATS: Dict[str, int] = {}
 
 
 def reset_comm_stats() -> None:
     """Zeroes the counters reported by :func:`comm_stats`."""
-    _STATS.update(bytes_sent=0, bytes_received=0, messages_sent=0,
-                  messages_received=0, collectives=0, buffers_reused=0)
+    STATS.update(bytes_sent=0, bytes_received=0, messages_sent=0,
+                 messages_received=0, collectives=0, buffers_reused=0)
 
 
 reset_comm_stats()
@@ -109,7 +110,7 @@ def comm_stats(reset: bool = False) -> Dict[str, int]:
     Args:
         reset: Zero the counters after reading them.
     """
-    stats = dict(_STATS)
+    stats = dict(STATS)
     if reset:
         reset_comm_stats()
     return stats

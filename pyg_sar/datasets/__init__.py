@@ -9,15 +9,9 @@ memory, :func:`~pyg_sar.datasets.synthetic_ondisk.write_synthetic_dcsbm`
 writes the synthetic model straight to a graph directory (its only import of
 ``pyg_sar``: the ``.npy`` writer of :mod:`pyg_sar.partition.input.ondisk`).
 """
-from pyg_sar.datasets.catalog import (AMAZON_NAMES, COAUTHOR_NAMES,
-                                      HETERO_NAMES, PLANETOID_NAMES,
-                                      available, load,
-                                      random_planetoid_split)
+from pyg_sar.datasets.catalog import available, load, random_planetoid_split
 from pyg_sar.datasets.synthetic import SYNTHETIC_DEFAULTS, synthetic_graph
-from pyg_sar.datasets.synthetic_hetero import (RELATIONS,
-                                               synthetic_hetero_graph)
+from pyg_sar.datasets.synthetic_hetero import synthetic_hetero_graph
 
 __all__ = ['load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
-           'random_planetoid_split', 'SYNTHETIC_DEFAULTS', 'RELATIONS',
-           'PLANETOID_NAMES', 'AMAZON_NAMES', 'COAUTHOR_NAMES',
-           'HETERO_NAMES']
+           'random_planetoid_split', 'SYNTHETIC_DEFAULTS']

@@ -11,12 +11,13 @@ fetches of any node by id (:mod:`~pyg_sar.graph.link`).
 partition. This stage uses the communication stage; it knows nothing of
 layers, loaders or training.
 """
-from pyg_sar.graph.blocks import EdgeBlock, EdgeChunk
-from pyg_sar.graph.dist_graph import (MODES, DistGraph, check_options,
-                                      check_partition_set, explicit_device)
-from pyg_sar.graph.reverse import ReversedGraph
+from pyg_sar.graph.dist_graph import DistGraph
 from pyg_sar.graph.hetero_graph import HeteroDistGraph
+from pyg_sar.graph.reverse import reverse_graph
 
-__all__ = ['DistGraph', 'HeteroDistGraph', 'ReversedGraph', 'EdgeBlock',
-           'EdgeChunk', 'MODES', 'check_options', 'check_partition_set',
-           'explicit_device']
+# The graph kinds built on DistGraph (they subclass or wrap it, so it cannot
+# import them): registered here, where the package is imported.
+DistGraph.register_kind('reverse', reverse_graph)
+DistGraph.register_kind('hetero', HeteroDistGraph)
+
+__all__ = ['DistGraph', 'HeteroDistGraph']

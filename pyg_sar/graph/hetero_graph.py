@@ -195,5 +195,3 @@ class HeteroDistGraph(Mapping):
                 f"nodes={{{nodes}}}, relations={len(self.edge_types)}, "
                 f"mode={self.mode!r}, chunk_size={self.chunk_size})")
 
-
-DistGraph.register_kind('hetero', HeteroDistGraph)

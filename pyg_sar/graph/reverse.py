@@ -107,5 +107,3 @@ def reverse_graph(graph: DistGraph) -> ReversedGraph:
         {q: v for q, v in recv_pos.items() if v.numel()})
     return rev
 
-
-DistGraph.register_kind('reverse', reverse_graph)

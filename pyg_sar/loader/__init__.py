@@ -10,12 +10,16 @@ and :class:`DistLinkNeighborLoader` PyG ``LinkNeighborLoader``-style ones
 :func:`sample_neighbors` is its vectorized single-process sampling kernel.
 Loaders read a part (or PyG's local stores) and talk through the
 communication stage; they use no layer and know nothing of training.
+The four loaders and their arguments (:mod:`~pyg_sar.loader.options`) sit
+here, built from three folders: :mod:`~pyg_sar.loader.shards` (what a loader
+reads of its part), :mod:`~pyg_sar.loader.sampling` (how neighborhoods are
+drawn) and :mod:`~pyg_sar.loader.batches` (what a batch is made of).
 """
-from pyg_sar.loader.hetero import DistHeteroNeighborLoader
-from pyg_sar.loader.hetero_link import DistHeteroLinkNeighborLoader
+from pyg_sar.loader.hetero_link_loader import DistHeteroLinkNeighborLoader
+from pyg_sar.loader.hetero_neighbor_loader import DistHeteroNeighborLoader
 from pyg_sar.loader.link_loader import DistLinkNeighborLoader
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
-from pyg_sar.loader.sampler import sample_neighbors
+from pyg_sar.loader.sampling.kernel import sample_neighbors
 
 __all__ = ['DistNeighborLoader', 'DistHeteroNeighborLoader',
            'DistLinkNeighborLoader', 'DistHeteroLinkNeighborLoader',

@@ -1,6 +1,6 @@
 """The checks of a link loader's ``edge_label_index`` and ``edge_label``,
 shared by the homogeneous (:mod:`~pyg_sar.loader.link_loader`) and the
-heterogeneous (:mod:`~pyg_sar.loader.hetero_link`) loader: one line naming
+heterogeneous (:mod:`~pyg_sar.loader.hetero_link_loader`) loader: one line naming
 the bad value, before any batch."""
 from typing import Optional, Sequence, Tuple
 
@@ -36,5 +36,3 @@ def check_label_pairs(pairs, limits: Sequence[Tuple[int, str]],
                          f"{pairs.size(1)} pairs")
     return pairs
 
-
-__all__ = ['check_label_pairs']

@@ -9,38 +9,19 @@ round, and lays the result out as PyG's ``LinkNeighborLoader`` does.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.label_pairs import check_label_pairs
+from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
                                     constructor_signature, resolve)
-
-
-def _negative_sampling(neg_sampling, neg_sampling_ratio):
-    """PyG's ``NegativeSampling`` (or ``None``) from the loader's
-    arguments, as ``LinkNeighborLoader`` reads them."""
-    from torch_geometric.sampler import NegativeSampling
-    if neg_sampling_ratio is not None and neg_sampling_ratio != 0.0:
-        if neg_sampling is not None:
-            raise ValueError("pass either 'neg_sampling' or the deprecated "
-                             "'neg_sampling_ratio', not both")
-        neg_sampling = NegativeSampling('binary', neg_sampling_ratio)
-    if neg_sampling is None:
-        return None
-    if isinstance(neg_sampling, dict):
-        neg_sampling = NegativeSampling(**neg_sampling)
-    elif isinstance(neg_sampling, str):
-        neg_sampling = NegativeSampling(neg_sampling)
-    if not isinstance(neg_sampling, NegativeSampling):
-        raise TypeError(f"'neg_sampling' must be a NegativeSampling, a mode "
-                        f"('binary' or 'triplet') or a dict of its arguments "
-                        f"(got {type(neg_sampling).__name__})")
-    return neg_sampling
+from pyg_sar.loader.sampling.negatives import (draw_negatives, earliest_node,
+                                               negative_sampling,
+                                               temporal_negatives)
 
 
 class DistLinkNeighborLoader(DistNeighborLoader):
@@ -105,7 +86,7 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         options = resolve(type(self).__name__, args, kwargs, LINK_ORDER,
                           PYG_LINK_ORDER)
         self._label_time_arg = options.pop('edge_label_time')
-        self.neg_sampling = _negative_sampling(
+        self.neg_sampling = negative_sampling(
             options.pop('neg_sampling'), options.pop('neg_sampling_ratio'))
         self._label_index_arg = options.pop('edge_label_index')
         self._label_arg = options.pop('edge_label')
@@ -123,11 +104,8 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         shard = self.shard
         index = self._label_index_arg
         if index is None:
-            dst = torch.repeat_interleave(
-                torch.arange(shard.node_start,
-                             shard.node_start + shard.num_local_nodes),
-                shard.csc_ptr[1:] - shard.csc_ptr[:-1])
-            index = torch.stack([shard.csc_src, dst])
+            index = shard.local_pairs(shard.node_start,
+                                      shard.num_local_nodes)
         elif isinstance(index, (tuple, list)):
             if len(index) == 2 and isinstance(index[1], Tensor) and \
                     not isinstance(index[0], Tensor):
@@ -168,26 +146,31 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         node timestamps, none later than its pair's time (PyG's greedy
         re-draws; collective)."""
         if self.node_time is not None and own is not None:
-            from pyg_sar.loader.temporal import temporal_negatives
             times = self.seed_time[own]
             repeats = math.ceil(self.neg_sampling.amount)
             seed_time = times.repeat(repeats)[:num] if times.numel() else \
                 times[:0]
             return temporal_negatives(
-                self, lambda n: self._negatives(n, endpoint), seed_time)
-        weight = getattr(self.neg_sampling, f'{endpoint}_weight')
-        if weight is None:
-            return torch.randint(self.shard.num_nodes, (num, ),
-                                 generator=self.generator)
-        if weight.numel() != self.shard.num_nodes:
-            raise ValueError(f"NegativeSampling.{endpoint}_weight has "
-                             f"{weight.numel()} entries; expected one per "
-                             f"global node ({self.shard.num_nodes}), in "
-                             f"partition ids")
-        return torch.multinomial(weight, num, replacement=True,
-                                 generator=self.generator)
+                self.shard, self.node_time,
+                lambda n: self._negatives(n, endpoint), seed_time,
+                self._earliest_node)
+        return draw_negatives(num, self.shard.num_nodes,
+                              getattr(self.neg_sampling, f'{endpoint}_weight'),
+                              self.generator, endpoint, 'global node')
 
-    def _batch(self, own: Tensor) -> Data:
+    def _earliest_node(self) -> int:
+        """A node with the smallest time (collective once, then kept)."""
+        if not hasattr(self, '_earliest'):
+            self._earliest = earliest_node(self.shard, self.node_time)
+        return self._earliest
+
+    def _labelled_pairs(self, own: Tensor
+                        ) -> Tuple[Tensor, Tensor, Optional[Tensor], int,
+                                   int]:
+        """``(src, dst, label, num_pos, num_neg)`` of the pairs at
+        positions ``own``: the positives, then their negatives (binary:
+        source and destination drawn, labels zero; triplet: destinations
+        only, no labels)."""
         src, dst = self.edge_label_index[:, own]
         num_pos = src.numel()
         label = None
@@ -207,6 +190,11 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                     [label, label.new_zeros((num_neg, *label.shape[1:]))])
             else:
                 dst = torch.cat([dst, self._negatives(num_neg, 'dst', own)])
+        return src, dst, label, num_pos, num_neg
+
+    def _batch(self, own: Tensor) -> Data:
+        src, dst, label, num_pos, num_neg = self._labelled_pairs(own)
+        neg = self.neg_sampling
         if self.disjoint:
             return self._disjoint_batch(own, src, dst, label, num_pos,
                                         num_neg)
@@ -237,7 +225,6 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         negatives) grows its own subtree; ``batch`` is the pair of each
         node; with temporal sampling every subtree is no later than its
         pair's time."""
-        from pyg_sar.loader.disjoint import disjoint_round
         neg = self.neg_sampling
         seed_time = None
         if self.seed_time is not None:
@@ -251,7 +238,7 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                     1 + math.ceil(neg.amount if neg is not None else 0))[
                         :num_pos + num_neg]
             seed_time = torch.cat([src_time, dst_time])
-        batch = disjoint_round(self, torch.cat([src, dst]), own, seed_time)
+        batch = self._disjoint_round(torch.cat([src, dst]), own, seed_time)
         del batch.batch_size
         if 'seed_time' in batch:
             del batch.seed_time

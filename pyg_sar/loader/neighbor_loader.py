@@ -9,7 +9,7 @@ in-edges of those nodes (CSC) and their features. One iteration step is one
    zero everywhere, the epoch ends on all ranks at once.
 2. Per hop: the frontier node ids travel to their owners (``all_to_all``),
    owners sample from their local CSC with the vectorized kernel of
-   :mod:`pyg_sar.loader.sampler` and reply with the sampled
+   :mod:`pyg_sar.loader.sampling.kernel` and reply with the sampled
    ``(count per target, source ids, edge ids)`` (``all_to_all``).
 3. After the last hop, every rank requests the node (and edge) attributes it
    lacks from their owners, and receives them in one exchange.
@@ -17,12 +17,15 @@ in-edges of those nodes (CSC) and their features. One iteration step is one
 A rank whose own batches are finished sends empty requests but keeps
 answering its peers until every rank is done, so ranks may have different
 numbers of batches, or none at all.
+
+The rounds are built from the pieces the heterogeneous loader uses too
+(:mod:`pyg_sar.loader.sampling`, :mod:`pyg_sar.loader.batches`), this graph
+being their one-type case.
 """
 from __future__ import annotations
 
 import itertools
-from typing import (Any, Callable, Dict, Iterator, List, Optional,
-                    Sequence, Tuple)
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -30,15 +33,20 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar import comm
-from pyg_sar.loader.batch_parts import (_INT32_MAX, _bidirectional,
-                                        _first_seen_absent, _group_by_owner,
-                                        fetch_attributes)
+from pyg_sar.loader.batches.data import data_batch
 from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
-                                    agree_with_peers, constructor_signature,
+                                    agree_with_peers, check_num_neighbors,
+                                    constructor_signature,
                                     count_batches_and_seed, local_seeds,
-                                    resolve, store_batch_options)
-from pyg_sar.loader.shard import edge_weight, is_hetero, schema, to_shard
-from pyg_sar.loader.sampler import _ranges, sample_neighbors
+                                    resolve, store_batch_options,
+                                    store_sampling_options)
+from pyg_sar.loader.sampling.disjoint import grow_subtrees
+from pyg_sar.loader.sampling.exchange import answer, exchange_hop
+from pyg_sar.loader.sampling.neighborhood import BatchIds, grow
+from pyg_sar.loader.sampling.temporal import edge_times, seed_times
+from pyg_sar.loader.shards.base import EDGE, NODE, edge_weight, schema
+from pyg_sar.loader.shards.shard import to_shard
+from pyg_sar.loader.shards.stores import is_hetero
 
 # The positions of a round in which a rank only answers its peers.
 _NO_SEEDS = torch.empty(0, dtype=torch.long)
@@ -123,7 +131,7 @@ class DistNeighborLoader:
         time_attr (str, optional): Temporal sampling (always disjoint, as
             in PyG): a node or edge attribute of timestamps; every edge
             sampled in a seed's subtree is no later than the seed's time
-            (:mod:`pyg_sar.loader.temporal`).
+            (:mod:`pyg_sar.loader.sampling.temporal`).
         input_time (Tensor, optional): The seeds' times, one per input node
             (default: the seeds' node times).
         temporal_strategy (str): ``"uniform"`` or ``"last"`` (the most
@@ -152,7 +160,7 @@ class DistNeighborLoader:
     O(batch) time, without sorting.
 
     A heterogeneous part (or PyG's heterogeneous stores) makes a
-    :class:`pyg_sar.loader.hetero.DistHeteroNeighborLoader`, which yields
+    :class:`~pyg_sar.loader.DistHeteroNeighborLoader`, which yields
     :class:`~torch_geometric.data.HeteroData` batches.
     """
 
@@ -187,26 +195,11 @@ class DistNeighborLoader:
                input_time: Optional[Tensor] = None,
                temporal_strategy: str = 'uniform') -> None:
         self.shard = to_shard(data)
-        self.num_neighbors = _check_num_neighbors(num_neighbors)
+        self.num_neighbors = check_num_neighbors(num_neighbors)
         store_batch_options(self, batch_size, shuffle, drop_last, replace,
                             transform, pad_batches, device)
-        self.time_attr, self.temporal_strategy = time_attr, temporal_strategy
-        if time_attr is not None:
-            disjoint = True  # as in PyG: temporal sampling is disjoint
-            if replace and temporal_strategy == 'last':
-                raise ValueError("temporal_strategy='last' takes the most "
-                                 "recent edges; it cannot sample with "
-                                 "replacement")
-        elif input_time is not None:
-            raise ValueError("input_time needs time_attr (the node or edge "
-                             "attribute holding the timestamps)")
-        self.subgraph_type = subgraph_type
-        self.bidirectional = subgraph_type == 'bidirectional'
-        self.induced = subgraph_type == 'induced'
-        if self.induced and disjoint:
-            raise ValueError("subgraph_type='induced' cannot be combined "
-                             "with disjoint=True")
-        self.disjoint = bool(disjoint)
+        store_sampling_options(self, subgraph_type, disjoint, time_attr,
+                               input_time, temporal_strategy)
         self.weight_attr = weight_attr
         self.edge_weight = edge_weight(self.shard, weight_attr)
         self.rank = self.shard.rank
@@ -215,17 +208,11 @@ class DistNeighborLoader:
         count_batches_and_seed(self, seed)
         self.num_global_batches = self._agree_with_peers()
         self.edge_time = self.seed_time = self.node_time = None
-        if time_attr is not None:
-            from pyg_sar.loader.temporal import edge_times
-            self.edge_time, node_time = edge_times(self.shard, time_attr)
-            self.node_time = node_time
-            self.seed_time = self._seed_times(input_time, node_time)
-        # Global id -> batch-local id of the batch being built; -1 = absent.
-        self._local_index = torch.full((self.shard.num_nodes, ), -1,
-                                       dtype=torch.int32)
-        # Scratch map of `_first_seen_absent`.
-        self._first_position = torch.full((self.shard.num_nodes, ),
-                                          _INT32_MAX, dtype=torch.int32)
+        if time_attr is not None:  # collective (node times of sources)
+            self.edge_time, self.node_time = edge_times(self.shard, time_attr)
+            self.seed_time = self._seed_times(input_time, self.node_time)
+        # Global id -> batch-local id of the batch being built.
+        self.batch_ids = {NODE: BatchIds(self.shard.num_nodes)}
         self._epoch_running = False
 
     # Set-up #################################################################
@@ -291,16 +278,10 @@ class DistNeighborLoader:
     def _seed_times(self, input_time: Optional[Tensor],
                     node_time: Optional[Tensor]) -> Optional[Tensor]:
         """The time of every input (temporal sampling)."""
-        from pyg_sar.loader.temporal import seed_times
-        return seed_times(self, input_time, node_time)
-
-    def _serve_map(self) -> Tensor:
-        """A scratch map over the global ids, all ``-1`` between uses
-        (induced subgraphs; 4 bytes per node, made on first use)."""
-        if not hasattr(self, '_serve_index'):
-            self._serve_index = torch.full((self.shard.num_nodes, ), -1,
-                                           dtype=torch.int32)
-        return self._serve_index
+        return seed_times(self.input_nodes, self.shard.node_start,
+                          input_time, node_time,
+                          "time_attr is an edge attribute: pass input_time, "
+                          "the seeds' times")
 
     def _batch(self, own: Tensor) -> Data:
         """The batch of the inputs at positions ``own`` (collective)."""
@@ -356,137 +337,51 @@ class DistNeighborLoader:
         """Samples the neighborhood of ``seeds`` (possibly none) while
         serving the peers' requests, and fetches its attributes."""
         if self.disjoint:
-            from pyg_sar.loader.disjoint import disjoint_round
             seed_time = None if self.seed_time is None else \
                 self.seed_time[input_id]
-            return disjoint_round(self, seeds, input_id, seed_time)
-        index = self._local_index
-        n_id_parts = [seeds]
-        index[seeds] = torch.arange(seeds.numel(), dtype=torch.int32)
-        num_nodes = seeds.numel()
-        rows, cols, e_ids = [], [], []
-        num_sampled_nodes, num_sampled_edges = [num_nodes], []
-        try:
-            frontier = seeds
-            for fanout in self.num_neighbors:
-                targets, sources, edge_ids, _ = self._exchange_hop(
-                    frontier, fanout)
-                new_nodes = _first_seen_absent(sources, index,
-                                               self._first_position)
-                index[new_nodes] = torch.arange(
-                    num_nodes, num_nodes + new_nodes.numel(),
-                    dtype=torch.int32)
-                num_nodes += new_nodes.numel()
-                n_id_parts.append(new_nodes)
-                rows.append(index[sources].long())
-                cols.append(index[targets].long())
-                e_ids.append(edge_ids)
-                num_sampled_nodes.append(new_nodes.numel())
-                num_sampled_edges.append(edge_ids.numel())
-                frontier = new_nodes
-        finally:
-            for ids in n_id_parts:  # leave the map clean for the next batch
-                index[ids] = -1
-        n_id = torch.cat(n_id_parts)
-        edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows \
-            else torch.empty(2, 0, dtype=torch.long)
-        e_id = torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long)
-        return self._finish(n_id, edge_index, e_id, input_id,
-                            int(seeds.numel()), num_sampled_nodes,
-                            num_sampled_edges)
+            return self._disjoint_round(seeds, input_id, seed_time)
+        n_id, edge_index, e_id, num_sampled_nodes, num_sampled_edges = grow(
+            {NODE: seeds}, self.batch_ids, [EDGE], len(self.num_neighbors),
+            self._hop)
+        return data_batch(self, n_id[NODE], edge_index[EDGE], e_id[EDGE],
+                          input_id, int(seeds.numel()),
+                          num_sampled_nodes[NODE], num_sampled_edges[EDGE])
 
-    def _finish(self, n_id: Tensor, edge_index: Tensor, e_id: Tensor,
-                input_id: Tensor, batch_size: int,
-                num_sampled_nodes: List[int], num_sampled_edges: List[int],
-                **extra: Tensor) -> Data:
-        """The batch of a sampled subgraph: attributes fetched from their
-        owners, reverse edges added for ``bidirectional``."""
-        counts = dict(num_sampled_nodes=num_sampled_nodes,
-                      num_sampled_edges=num_sampled_edges)
-        if self.induced:
-            from pyg_sar.loader.induced import induced_edges
-            edge_index, e_id = induced_edges(self, n_id)
-            del counts['num_sampled_edges']  # edges are not per hop here
-        node_values, edge_values = fetch_attributes(self, 
-            n_id, e_id, n_id[edge_index[1]])
-        if self.bidirectional:
-            edge_index, e_id, edge_values = _bidirectional(
-                edge_index, e_id, edge_values)
-            counts = {}  # as PyG: no per-hop counts for the merged edges
-        return Data(edge_index=edge_index, n_id=n_id, e_id=e_id,
-                    input_id=input_id, batch_size=batch_size, **extra,
-                    **counts, **node_values, **edge_values)
+    def _disjoint_round(self, seeds: Tensor, input_id: Tensor,
+                        seed_time: Optional[Tensor] = None) -> Data:
+        """One round with disjoint subtrees; the batch has ``batch`` (each
+        node's subtree, i.e. its seed's position in the batch). With
+        ``seed_time`` (temporal sampling) every subtree's edges are no later
+        than its seed's time."""
+        n_id, edge_index, e_id, trees, num_sampled_nodes, num_sampled_edges \
+            = grow_subtrees(seeds, NODE, {NODE: self.shard.num_nodes},
+                            [EDGE], len(self.num_neighbors), self._hop,
+                            seed_time)
+        extra = {'batch': trees[NODE]}
+        if seed_time is not None:
+            extra['seed_time'] = seed_time
+        return data_batch(self, n_id[NODE], edge_index[EDGE], e_id[EDGE],
+                          input_id, int(seeds.numel()),
+                          num_sampled_nodes[NODE], num_sampled_edges[EDGE],
+                          **extra)
 
-    def _exchange_hop(self, frontier: Tensor, fanout: int,
-                      frontier_time: Optional[Tensor] = None
-                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Sends ``frontier`` to its owners, samples the requests this rank
-        receives, and returns ``(target, source, edge id)`` of the sampled
-        edges, grouped by target in frontier order, and the number of edges
-        of every frontier entry (repeated ids are sampled independently)."""
-        shard, world_size = self.shard, self.world_size
-        by_owner, request_counts = _group_by_owner(shard.owner(frontier),
-                                                   world_size)
-        requests = frontier[by_owner]
-        received = comm.all_to_all_v(list(requests.split(request_counts)))
+    def _hop(self, frontier: Dict[str, Tensor], hop: int,
+             frontier_time: Optional[Dict[str, Tensor]] = None):
+        """One collective hop of the frontier (and its seeds' times, for
+        temporal sampling):
+        :func:`~pyg_sar.loader.sampling.exchange.exchange_hop` with this
+        graph's one edge type."""
+        shard, fanout, ids = self.shard, self.num_neighbors[hop], \
+            frontier[NODE]
 
-        # Serve every peer's requests (own ones included) in one kernel call.
-        received_counts = [r.numel() for r in received]
-        local_targets = torch.cat(received) - shard.node_start
-        if self.edge_time is not None:  # each request carries its seed time
-            from pyg_sar.loader.temporal import sample_temporal
-            times = torch.cat(comm.all_to_all_v(list(
-                frontier_time[by_owner].split(request_counts))))
-            counts, positions = sample_temporal(
-                shard.csc_ptr, local_targets, times, fanout, self.edge_time,
-                self.temporal_strategy, self.replace, self.generator)
-        else:
-            counts, positions = sample_neighbors(
-                shard.csc_ptr, local_targets, fanout, self.replace,
-                self.generator, self.edge_weight)
-        sources, edge_ids = shard.csc_src[positions], shard.csc_eid[positions]
-        counts_per_peer = counts.split(received_counts)
-        edges_per_peer = [int(c.sum()) for c in counts_per_peer]
-        own_answer = (counts_per_peer[self.rank],
-                      sources.split(edges_per_peer)[self.rank],
-                      edge_ids.split(edges_per_peer)[self.rank])
-        # One message per peer: [count per request | sources | edge ids].
-        # The own answer stays unpacked (all_to_all_v does not send it).
-        replies = [counts.new_empty(0) if q == self.rank else torch.cat(
-            [c, s, e]) for q, (c, s, e) in enumerate(zip(
-                counts_per_peer, sources.split(edges_per_peer),
-                edge_ids.split(edges_per_peer)))]
-        answers = comm.all_to_all_v(replies)
-
-        counts, sources, edge_ids = [], [], []
-        for q, (answer, num_requests) in enumerate(zip(answers,
-                                                       request_counts)):
-            if q == self.rank:
-                parts = own_answer
-            else:
-                num_edges = (answer.numel() - num_requests) // 2
-                parts = (answer[:num_requests],
-                         answer[num_requests:num_requests + num_edges],
-                         answer[num_requests + num_edges:])
-            counts.append(parts[0])
-            sources.append(parts[1])
-            edge_ids.append(parts[2])
-        counts = torch.cat(counts)
-        sources, edge_ids = torch.cat(sources), torch.cat(edge_ids)
-        targets = torch.repeat_interleave(requests, counts)
-        if world_size == 1:  # answers are already in frontier order
-            return targets, sources, edge_ids, counts
-        # Answers come in owner order; move every request's edges to the
-        # slot of its target in frontier order (PyG's order), without a sort.
-        counts_in_frontier_order = torch.empty_like(counts)
-        counts_in_frontier_order[by_owner] = counts
-        slot_start = torch.cumsum(counts_in_frontier_order, 0) - \
-            counts_in_frontier_order
-        slots = _ranges(slot_start[by_owner], counts)
-        out = [torch.empty_like(t) for t in (targets, sources, edge_ids)]
-        for dst, src in zip(out, (targets, sources, edge_ids)):
-            dst[slots] = src
-        return out[0], out[1], out[2], counts_in_frontier_order
+        def serve(_, asked: Tensor, times: Optional[Tensor]):
+            return answer(shard, asked - shard.node_start, fanout,
+                          self.replace, self.generator, self.edge_weight,
+                          times, self.edge_time, self.temporal_strategy)
+        sampled, = exchange_hop(
+            [ids], [shard.owner(ids)], serve, self.rank, self.world_size,
+            None if frontier_time is None else [frontier_time[NODE]])
+        return {EDGE: sampled}
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(rank={self.rank}/'
@@ -496,23 +391,6 @@ class DistNeighborLoader:
                 f'num_batches={self.num_batches}, '
                 f'num_global_batches={self.num_global_batches})')
 
-
-def _check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
-    if isinstance(num_neighbors, dict):
-        raise ValueError("'num_neighbors' must be a list of ints (one fanout "
-                         "per hop); per-edge-type dictionaries need a "
-                         "heterogeneous graph (this one is homogeneous)")
-    if not isinstance(num_neighbors, (list, tuple)):
-        raise TypeError(f"'num_neighbors' must be a list of ints, one fanout "
-                        f"per hop (got {type(num_neighbors).__name__})")
-    out = []
-    for hop, fanout in enumerate(num_neighbors):
-        if isinstance(fanout, bool) or not isinstance(fanout, int) or \
-                fanout < -1:
-            raise ValueError(f"'num_neighbors[{hop}]' must be an int >= 0, "
-                             f"or -1 for all neighbors (got {fanout!r})")
-        out.append(int(fanout))
-    return out
 
 DistNeighborLoader.__signature__ = constructor_signature(
     DistNeighborLoader, NODE_ORDER, PYG_NODE_ORDER)

@@ -8,13 +8,17 @@ pyg_sar's. A string in the third position (``master_addr``) selects PyG's
 positional order. Arguments that configure PyG's RPC machinery are checked
 against the running process group and otherwise have no effect; arguments
 that would change which batch comes out are either implemented or refused
-with an error naming them.
+with an error naming them. The checks of the options themselves (batching,
+sampling, fanouts, seeds) are here too, one for the homogeneous and the
+heterogeneous loaders alike.
 """
 from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from pyg_sar.loader.sampling.temporal import STRATEGIES
 
 NODE_ORDER = ('input_nodes', 'batch_size', 'shuffle', 'drop_last', 'replace',
               'seed', 'transform', 'pad_batches')
@@ -48,6 +52,7 @@ _RPC = ('master_addr', 'master_port', 'current_ctx', 'concurrency',
 _NO_EFFECT = ('pin_memory', 'persistent_workers', 'prefetch_factor',
               'filter_per_worker', 'timeout', 'is_sorted')
 _SUBGRAPH_TYPES = ('directional', 'bidirectional', 'induced')
+EdgeType = Tuple[str, str, str]
 
 
 def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
@@ -123,7 +128,7 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
         raise ValueError(f"{name}: edge_label_time needs time_attr (the node "
                          f"or edge attribute holding the timestamps)")
     strategy = options.get('temporal_strategy', 'uniform')
-    if strategy not in ('uniform', 'last'):
+    if strategy not in STRATEGIES:
         raise ValueError(f"{name}: temporal_strategy must be 'uniform' or "
                          f"'last' (got {strategy!r})")
     if strategy != 'uniform' and options.get('time_attr') is None:
@@ -171,6 +176,92 @@ def store_batch_options(loader: Any, batch_size: Any, shuffle: Any,
     loader.pad_batches = bool(pad_batches)
     loader.device = None if device is None else torch.device(device)
     loader.num_workers = 0  # read by PyG-style training loops
+
+
+def store_sampling_options(loader: Any, subgraph_type: str, disjoint: bool,
+                           time_attr: Optional[str], input_time: Any,
+                           temporal_strategy: str) -> None:
+    """Checks the options that choose how neighborhoods are sampled
+    (:func:`resolve` checked each alone) and sets them on ``loader``,
+    after its batching options: ``subgraph_type`` and its flags
+    ``bidirectional`` and ``induced``, ``disjoint`` (always with
+    ``time_attr``, as in PyG), ``time_attr``, ``temporal_strategy``."""
+    if time_attr is not None:
+        disjoint = True  # as in PyG: temporal sampling is disjoint
+        if loader.replace and temporal_strategy == 'last':
+            raise ValueError("temporal_strategy='last' takes the most "
+                             "recent edges; it cannot sample with "
+                             "replacement")
+    elif input_time is not None:
+        raise ValueError("input_time needs time_attr (the node or edge "
+                         "attribute holding the timestamps)")
+    if subgraph_type == 'induced' and disjoint:
+        raise ValueError("subgraph_type='induced' cannot be combined with "
+                         "disjoint=True" + (" (time_attr makes sampling "
+                                            "disjoint)" if time_attr else ""))
+    loader.subgraph_type = subgraph_type
+    loader.bidirectional = subgraph_type == 'bidirectional'
+    loader.induced = subgraph_type == 'induced'
+    loader.disjoint = bool(disjoint)
+    loader.time_attr = time_attr
+    loader.temporal_strategy = temporal_strategy
+
+
+def check_num_neighbors(num_neighbors: Sequence[int]) -> List[int]:
+    """The fanouts of a homogeneous graph, one per hop."""
+    if isinstance(num_neighbors, dict):
+        raise ValueError("'num_neighbors' must be a list of ints (one fanout "
+                         "per hop); per-edge-type dictionaries need a "
+                         "heterogeneous graph (this one is homogeneous)")
+    if not isinstance(num_neighbors, (list, tuple)):
+        raise TypeError(f"'num_neighbors' must be a list of ints, one fanout "
+                        f"per hop (got {type(num_neighbors).__name__})")
+    out = []
+    for hop, fanout in enumerate(num_neighbors):
+        if isinstance(fanout, bool) or not isinstance(fanout, int) or \
+                fanout < -1:
+            raise ValueError(f"'num_neighbors[{hop}]' must be an int >= 0, "
+                             f"or -1 for all neighbors (got {fanout!r})")
+        out.append(int(fanout))
+    return out
+
+
+def typed_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
+                        ) -> Dict[EdgeType, List[int]]:
+    """The fanouts of every edge type, per hop, from a list (the same for
+    every edge type), a per-edge-type dict or PyG's ``NumNeighbors``."""
+    try:
+        from torch_geometric.sampler.base import NumNeighbors
+        if isinstance(num_neighbors, NumNeighbors):
+            num_neighbors = num_neighbors.get_values(edge_types)
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(num_neighbors, dict):
+        fanouts = check_num_neighbors(num_neighbors)
+        return {e: list(fanouts) for e in edge_types}
+    names = {'__'.join(e): e for e in edge_types}
+    out: Dict[EdgeType, List[int]] = {}
+    for key, value in num_neighbors.items():
+        edge_type = tuple(key) if isinstance(key, (tuple, list)) else \
+            names.get(key)
+        if edge_type not in edge_types:
+            raise ValueError(f"'num_neighbors' names edge type {key!r}, "
+                             f"which the graph lacks (edge types: "
+                             f"{edge_types})")
+        try:
+            out[edge_type] = check_num_neighbors(value)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"'num_neighbors[{key!r}]': {err}") from None
+    missing = [e for e in edge_types if e not in out]
+    if missing:
+        raise ValueError(f"'num_neighbors' misses edge types {missing}; give "
+                         f"a fanout list for every edge type (or one list "
+                         f"for all)")
+    hops = {len(v) for v in out.values()}
+    if len(hops) > 1:
+        raise ValueError(f"'num_neighbors' must give every edge type the "
+                         f"same number of hops (got {sorted(hops)})")
+    return {e: out[e] for e in edge_types}
 
 
 def count_batches_and_seed(loader: Any, seed: Optional[int]) -> None:

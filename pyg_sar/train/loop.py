@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.graph import DistGraph, explicit_device
+from pyg_sar.graph import DistGraph
+from pyg_sar.graph.dist_graph import explicit_device
 from pyg_sar.nn import to_distributed
 from pyg_sar.nn.functional import relu_dropout
 from pyg_sar.partition import load_partition

@@ -14,7 +14,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 from pyg_sar.nn.norm.batch_norm import BatchNorm
-from pyg_sar.nn.norm.batch_norm_1d import BatchNorm1d, global_batch_norm
+from pyg_sar.nn.norm.batch_norm_1d import BatchNorm1d
 from pyg_sar.nn.norm.graph_norm import GraphNorm
 from pyg_sar.nn.norm.instance_norm import InstanceNorm
 from pyg_sar.nn.norm.layer_norm import LayerNorm
@@ -22,8 +22,7 @@ from pyg_sar.nn.norm.pair_norm import PairNorm
 
 __all__ = [
     'BatchNorm', 'BatchNorm1d', 'GraphNorm', 'InstanceNorm', 'LayerNorm',
-    'PairNorm', 'global_batch_norm', 'NORM_CONVERTERS',
-    'NODE_MIXING_WITHOUT_DIST_VERSION',
+    'PairNorm',
 ]
 
 

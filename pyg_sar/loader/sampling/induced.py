@@ -5,8 +5,11 @@ not only the sampled ones.
 One collective exchange (per edge type, for heterogeneous graphs): a rank
 sends its batch's node ids to every rank that owns one of them; the owner
 marks the sources in a scratch map over the global ids and answers, for
-each of the targets it owns, the in-edges whose source is marked. Edges come out ordered by destination (batch order), then
-in the owner's CSC order (by source id), at every world size.
+each of the targets it owns, the in-edges whose source is marked. Edges
+come out ordered by destination (batch order), then in the owner's CSC order
+(by source id), at every world size. The scratch maps are the batch-id maps
+of the source types (:class:`~pyg_sar.loader.sampling.neighborhood.BatchIds`),
+all ``-1`` once a batch's nodes are sampled.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.loader.sampler import _ranges
+from pyg_sar.loader.sampling.kernel import ranges
 
 
 def _serve(csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor, start: int,
@@ -36,7 +39,7 @@ def _serve(csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor, start: int,
         local = targets[owned] - start
         begin = csc_ptr[local]
         degree = csc_ptr[local + 1] - begin
-        positions = _ranges(begin, degree)
+        positions = ranges(begin, degree)
         dst_position = torch.repeat_interleave(owned, degree)
         src_position = mark[csc_src[positions]].long()
         keep = src_position >= 0
@@ -88,37 +91,26 @@ def typed_induced_edges(world_size: int, rank: int, sources: Tensor,
     return edges[:2], edges[2]
 
 
-def induced_edges(loader, n_id: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(edge_index, e_id)`` of every edge between the nodes ``n_id`` of
-    this rank's batch (batch-local ids); collective."""
-    shard = loader.shard
-
-    def serve(sources: Tensor, targets: Tensor) -> Tensor:
-        return _serve(shard.csc_ptr, shard.csc_src, shard.csc_eid,
-                      shard.node_start, shard.num_local_nodes,
-                      loader._serve_map(), sources, targets)
-    return typed_induced_edges(loader.world_size, loader.rank, n_id, n_id,
-                               shard.owner(n_id), serve)
-
-
-def hetero_induced_edges(loader, n_id: Dict[str, Tensor]
-                         ) -> Tuple[Dict[Tuple, Tensor], Dict[Tuple, Tensor]]:
-    """Per edge type ``(src, rel, dst)``, every edge of the graph from the
-    batch's ``src`` nodes to its ``dst`` nodes (one exchange per edge type;
-    collective). The per-type maps ``loader._local_index`` (all ``-1``
-    between rounds) mark the sources."""
-    shard = loader.shard
+def induced_edges(shard, n_id: Dict[str, Tensor], marks: Dict[str, Tensor],
+                  world_size: int, rank: int
+                  ) -> Tuple[Dict[Tuple, Tensor], Dict[Tuple, Tensor]]:
+    """Per edge type ``(src, rel, dst)`` of ``shard`` (a
+    :class:`~pyg_sar.loader.shards.hetero_shard.HeteroShard`), every edge of
+    the graph from the batch's ``src`` nodes ``n_id[src]`` to its ``dst``
+    nodes (batch-local ids; one exchange per edge type; collective).
+    ``marks[t]`` is a scratch map over the global ids of node type ``t``,
+    all ``-1``, restored here."""
     edge_index, e_id = {}, {}
     for e, edges in shard.edges.items():
         src, _, dst = e
         nodes = shard.nodes[dst]
 
         def serve(sources: Tensor, targets: Tensor, edges=edges,
-                  nodes=nodes, mark=loader._local_index[src]) -> Tensor:
+                  nodes=nodes, mark=marks[src]) -> Tensor:
             return _serve(edges.csc_ptr, edges.csc_src, edges.csc_eid,
                           nodes.node_start, nodes.num_local_nodes, mark,
                           sources, targets)
         edge_index[e], e_id[e] = typed_induced_edges(
-            loader.world_size, loader.rank, n_id[src], n_id[dst],
-            nodes.owner(n_id[dst]), serve)
+            world_size, rank, n_id[src], n_id[dst], nodes.owner(n_id[dst]),
+            serve)
     return edge_index, e_id

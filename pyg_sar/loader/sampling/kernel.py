@@ -28,7 +28,7 @@ REJECTION_DEGREE_RATIO = 4
 MAX_REJECTION_ROUNDS = 64
 
 
-def _ranges(starts: Tensor, lengths: Tensor) -> Tensor:
+def ranges(starts: Tensor, lengths: Tensor) -> Tensor:
     """Concatenation of ``arange(s, s + l)`` for every ``(s, l)`` pair."""
     total = int(lengths.sum()) if lengths.numel() else 0
     if total == 0:
@@ -93,7 +93,7 @@ def _sample_weighted(starts: Tensor, degrees: Tensor, fanout: int,
     of positive-weight edges, fanout)`` distinct edges, drawn one after the
     other in proportion to the remaining weights (Efraimidis-Spirakis keys
     ``log(u) / w``, the largest win; one segmented sort)."""
-    candidates = _ranges(starts, degrees)
+    candidates = ranges(starts, degrees)
     w = weight[candidates].to(torch.float64)
     segment = torch.repeat_interleave(torch.arange(degrees.numel()), degrees)
     positive = torch.zeros(degrees.numel(), dtype=torch.long).index_add_(
@@ -124,7 +124,7 @@ def _sample_weighted(starts: Tensor, degrees: Tensor, fanout: int,
     by_key = torch.argsort(keys, descending=True, stable=True)
     order = by_key[torch.argsort(segment[by_key], stable=True)]
     seg_start = torch.cumsum(degrees, 0) - degrees
-    chosen = order[_ranges(seg_start, counts)]
+    chosen = order[ranges(seg_start, counts)]
     return counts, candidates[chosen]
 
 
@@ -164,7 +164,7 @@ def sample_neighbors(
     starts = ptr[targets]
     degrees = ptr[targets + 1] - starts
     if fanout < 0:
-        return degrees, _ranges(starts, degrees)
+        return degrees, ranges(starts, degrees)
     if weight is not None:
         return _sample_weighted(starts, degrees, fanout, replace, weight,
                                 generator)
@@ -192,9 +192,9 @@ def sample_neighbors(
         if not bool(group.any()):
             continue
         group_counts = counts[group]
-        slots = _ranges(out_offsets[group], group_counts)
+        slots = ranges(out_offsets[group], group_counts)
         if sample is None:
-            positions[slots] = _ranges(starts[group], group_counts)
+            positions[slots] = ranges(starts[group], group_counts)
         else:
             positions[slots] = sample(starts[group], degrees[group], fanout,
                                       generator)

@@ -10,20 +10,20 @@ collective round, seeds of both endpoint types at once.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch_geometric.data import HeteroData
 
-from pyg_sar.loader.hetero import DistHeteroNeighborLoader
-from pyg_sar.loader.hetero_batch import hetero_batch
+from pyg_sar.loader.batches.hetero_data import hetero_batch
+from pyg_sar.loader.hetero_neighbor_loader import DistHeteroNeighborLoader
 from pyg_sar.loader.label_pairs import check_label_pairs
 from pyg_sar.loader.link_loader import DistLinkNeighborLoader
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
                                     constructor_signature)
+from pyg_sar.loader.sampling.negatives import draw_negatives
 
 
 class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
@@ -38,7 +38,7 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
       sorted by id; one set when source and destination types are the
       same), ``num_sampled_nodes``, every node attribute; per edge type
       ``edge_index``, ``e_id``, ``num_sampled_edges``, every edge attribute
-      (as :class:`~pyg_sar.loader.hetero.DistHeteroNeighborLoader`);
+      (as :class:`~pyg_sar.loader.DistHeteroNeighborLoader`);
     - on the input edge type: ``input_id`` (the pairs' positions in
       :obj:`edge_label_index`); binary (or no) negative sampling:
       ``edge_label_index`` (batch-local ids of the source and destination
@@ -59,7 +59,7 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
     ``replace``, ``seed``, ``transform``, ``pad_batches``, ``device``,
     ``subgraph_type``, ``weight_attr``) are as for
     :class:`~pyg_sar.loader.DistLinkNeighborLoader` and
-    :class:`~pyg_sar.loader.hetero.DistHeteroNeighborLoader`;
+    :class:`~pyg_sar.loader.DistHeteroNeighborLoader`;
     ``NegativeSampling`` weights are over the ids of the endpoint's node
     type.
 
@@ -88,13 +88,9 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
         edge_type = self._edge_type(edge_type)
         src_t, _, dst_t = edge_type
         if pairs is None:
-            edges = shard.edges[edge_type]
             nodes = shard.nodes[dst_t]
-            dst = torch.repeat_interleave(
-                torch.arange(nodes.node_start,
-                             nodes.node_start + nodes.num_local_nodes),
-                edges.csc_ptr.diff())
-            pairs = torch.stack([edges.csc_src, dst])
+            pairs = shard.edges[edge_type].local_pairs(
+                nodes.node_start, nodes.num_local_nodes)
         label = self._label_arg
         pairs = check_label_pairs(
             pairs, [(shard.nodes[t].num_nodes,
@@ -122,39 +118,14 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
         """``num`` ids drawn over every node of the endpoint's type (all
         parts), uniformly or with the ``NegativeSampling`` weights."""
         node_type = self.input_type[0 if endpoint == 'src' else 2]
-        num_nodes = self.shard.nodes[node_type].num_nodes
-        weight = getattr(self.neg_sampling, f'{endpoint}_weight')
-        if weight is None:
-            return torch.randint(num_nodes, (num, ),
-                                 generator=self.generator)
-        if weight.numel() != num_nodes:
-            raise ValueError(f"NegativeSampling.{endpoint}_weight has "
-                             f"{weight.numel()} entries; expected one per "
-                             f"{node_type!r} node ({num_nodes}), in "
-                             f"partition ids")
-        return torch.multinomial(weight, num, replacement=True,
-                                 generator=self.generator)
+        return draw_negatives(num, self.shard.nodes[node_type].num_nodes,
+                              getattr(self.neg_sampling, f'{endpoint}_weight'),
+                              self.generator, endpoint, f'{node_type!r} node')
 
     def _batch(self, own: Tensor) -> HeteroData:
         src_t, _, dst_t = edge_type = self.input_type
-        src, dst = self.edge_label_index[:, own]
-        num_pos = src.numel()
+        src, dst, label, num_pos, _ = self._labelled_pairs(own)
         neg = self.neg_sampling
-        label = None
-        if neg is None or neg.is_binary():
-            label = self.edge_label[own] if self.edge_label is not None \
-                else None
-        if neg is not None:
-            num_neg = math.ceil(num_pos * neg.amount)
-            if neg.is_binary():
-                src = torch.cat([src, self._negatives(num_neg, 'src')])
-                dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
-                if label is None:
-                    label = torch.ones(num_pos)
-                label = torch.cat(
-                    [label, label.new_zeros((num_neg, *label.shape[1:]))])
-            else:
-                dst = torch.cat([dst, self._negatives(num_neg, 'dst')])
         seeds: Dict[str, Tensor] = {}
         if src_t == dst_t:
             ids, inverse = torch.cat([src, dst]).unique(return_inverse=True)

@@ -9,54 +9,15 @@ Ids are per type and those of the partition: part ``p`` owns the ids
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
-from torch import Tensor
 
+from pyg_sar.loader.shards.base import EdgeShard, NodeShard, schema
+from pyg_sar.loader.shards.stores import csc_order, owned_ranges, store_pair
 from pyg_sar.partition import HeteroPartition
-from pyg_sar.loader.shard import schema, store_pair
 
 EdgeType = Tuple[str, str, str]
-
-
-class NodeShard:
-    """The local nodes of one type: ownership and attributes (rows in local
-    order)."""
-
-    def __init__(self, rank: int, node_ptr: Tensor,
-                 node_attrs: Dict[str, Tensor]) -> None:
-        self.node_ptr = node_ptr.to(torch.long)
-        self.num_nodes = int(self.node_ptr[-1])
-        self.node_start = int(self.node_ptr[rank])
-        self.num_local_nodes = int(self.node_ptr[rank + 1]) - self.node_start
-        self.node_attrs = node_attrs
-
-    def owner(self, ids: Tensor) -> Tensor:
-        """The part owning each id of this type."""
-        return torch.searchsorted(self.node_ptr, ids, right=True) - 1
-
-
-class EdgeShard:
-    """The in-edges of the local destination nodes of one edge type, CSC:
-    those of local destination ``v`` are positions
-    ``csc_ptr[v]:csc_ptr[v + 1]`` of ``csc_src`` (source ids) and
-    ``csc_eid`` (edge ids); edge attributes have rows in CSC order."""
-
-    def __init__(self, csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor,
-                 edge_attrs: Dict[str, Tensor]) -> None:
-        self.csc_ptr = csc_ptr.to(torch.long)
-        self.csc_src = csc_src.to(torch.long)
-        self.csc_eid = csc_eid.to(torch.long)
-        self.edge_attrs = edge_attrs
-        self._eid_sorted: Optional[Tuple[Tensor, Tensor]] = None
-
-    def edge_rows(self, edge_ids: Tensor) -> Tensor:
-        """CSC positions (edge-attribute rows) of local edge ids."""
-        if self._eid_sorted is None:
-            self._eid_sorted = torch.sort(self.csc_eid)
-        values, positions = self._eid_sorted
-        return positions[torch.searchsorted(values, edge_ids)]
 
 
 class HeteroShard:
@@ -103,16 +64,8 @@ class HeteroShard:
 
         nodes = {}
         for t in node_types:
-            owner = graph_store.node_pb[t].to(torch.long)
-            if bool((owner[1:] < owner[:-1]).any()):
-                raise ValueError(
-                    f"the stores do not come from a pyg_sar partition: "
-                    f"nodes of type {t!r} are not owned in contiguous id "
-                    f"ranges (partition the graph with "
-                    f"pyg_sar.partition_graph)")
-            ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-            ptr[1:] = torch.cumsum(
-                torch.bincount(owner, minlength=num_parts), 0)
+            ptr = owned_ranges(graph_store.node_pb[t], num_parts,
+                               f'nodes of type {t!r}')
             start, end = int(ptr[rank]), int(ptr[rank + 1])
             attrs = {}
             if end > start:
@@ -134,10 +87,7 @@ class HeteroShard:
             count = dst.num_local_nodes
             src_ids, dst_ids = graph_store.get_edge_index(edge_attrs[e])
             eid = graph_store.get_edge_id(edge_attrs[e])
-            order = torch.argsort(dst_ids, stable=True)
-            csc_ptr = torch.zeros(count + 1, dtype=torch.long)
-            csc_ptr[1:] = torch.cumsum(torch.bincount(
-                dst_ids[order] - start, minlength=count), 0)
+            order, csc_ptr = csc_order(dst_ids, start, count)
             attrs = {}
             for name in by_group.get(e, []):
                 attrs[name] = feature_store.get_tensor(
@@ -156,6 +106,8 @@ class HeteroShard:
 
 
 def to_hetero_shard(data: Any) -> HeteroShard:
+    """The shard of ``data``: a :class:`pyg_sar.HeteroPartition` or a pair
+    of PyG's heterogeneous stores loaded from one."""
     if isinstance(data, HeteroPartition):
         return HeteroShard.from_partition(data)
     stores = store_pair(data)

@@ -15,21 +15,21 @@ the request.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from pyg_sar import comm
-from pyg_sar.loader.sampler import _ranges
+from pyg_sar.loader.sampling.kernel import ranges
 
 STRATEGIES = ('uniform', 'last')
 
 
 def edge_times(shard, time_attr: str) -> Tuple[Tensor, Optional[Tensor]]:
     """``(time of every local in-edge in CSC order, node time of every local
-    node or None)``; collective when the times are node times (the sources'
-    times come from their owners)."""
+    node or None)`` of a homogeneous shard; collective when the times are
+    node times (the sources' times come from their owners)."""
     if time_attr in shard.edge_attrs:
         times = shard.edge_attrs[time_attr]
         node_time = None
@@ -41,11 +41,46 @@ def edge_times(shard, time_attr: str) -> Tuple[Tensor, Optional[Tensor]]:
             f"time_attr {time_attr!r} is neither a node nor an edge "
             f"attribute of the part (node: {sorted(shard.node_attrs)}, "
             f"edge: {sorted(shard.edge_attrs)})")
-    if times.dim() != 1 or times.is_complex() or times.dtype == torch.bool:
-        raise ValueError(f"time_attr {time_attr!r} must be one number per "
-                         f"{'edge' if node_time is None else 'node'} (got "
-                         f"shape {list(times.shape)}, {times.dtype})")
+    one_per_row(times, time_attr, 'edge' if node_time is None else 'node')
     return times, node_time
+
+
+def typed_edge_times(shard, time_attr: str
+                     ) -> Tuple[Dict[Tuple, Optional[Tensor]],
+                                Dict[str, Tensor]]:
+    """``(time of every local in-edge per edge type in CSC order, None
+    where not filtered; node time of every local node per node type that
+    has one)`` of a heterogeneous shard: an edge's own time, else its
+    source's. Collective: node times of sources come from their owners."""
+    node_time = {}
+    for t, nodes in shard.nodes.items():
+        if time_attr in nodes.node_attrs:
+            node_time[t] = one_per_row(nodes.node_attrs[time_attr],
+                                       time_attr, f'{t!r} node')
+    edge_time: Dict[Tuple, Optional[Tensor]] = {}
+    for e, edges in shard.edges.items():
+        if time_attr in edges.edge_attrs:
+            edge_time[e] = one_per_row(edges.edge_attrs[time_attr],
+                                       time_attr, f'{e} edge')
+        elif e[0] in node_time:  # every rank runs the same lookups
+            edge_time[e] = node_times(shard.nodes[e[0]], node_time[e[0]],
+                                      edges.csc_src)
+        else:
+            edge_time[e] = None
+    if all(t is None for t in edge_time.values()):
+        raise ValueError(f"time_attr {time_attr!r} is neither a node "
+                         f"attribute of a source type nor an edge attribute "
+                         f"of any edge type of the part")
+    return edge_time, node_time
+
+
+def one_per_row(value: Tensor, name: str, what: str) -> Tensor:
+    """``value``, after checking it holds one real number per ``what``."""
+    if value.dim() != 1 or value.is_complex() or value.dtype == torch.bool:
+        raise ValueError(f"time_attr {name!r} must be one number per "
+                         f"{what} (got shape {list(value.shape)}, "
+                         f"{value.dtype})")
+    return value
 
 
 def sample_temporal(ptr: Tensor, targets: Tensor, seed_time: Tensor,
@@ -59,7 +94,7 @@ def sample_temporal(ptr: Tensor, targets: Tensor, seed_time: Tensor,
     targets = targets.to(torch.long)
     starts = ptr[targets]
     degrees = ptr[targets + 1] - starts
-    candidates = _ranges(starts, degrees)
+    candidates = ranges(starts, degrees)
     segment = torch.repeat_interleave(torch.arange(targets.numel()), degrees)
     valid = times[candidates] <= seed_time[segment]
     num_valid = torch.zeros(targets.numel(), dtype=torch.long).index_add_(
@@ -87,7 +122,7 @@ def sample_temporal(ptr: Tensor, targets: Tensor, seed_time: Tensor,
         if strategy == 'uniform' else _last_order(keys, candidates)
     order = by_key[torch.argsort(segment[by_key], stable=True)]
     seg_start = torch.cumsum(degrees, 0) - degrees
-    return counts, candidates[order[_ranges(seg_start, counts)]]
+    return counts, candidates[order[ranges(seg_start, counts)]]
 
 
 def _last_order(keys: Tensor, candidates: Tensor) -> Tensor:
@@ -97,11 +132,11 @@ def _last_order(keys: Tensor, candidates: Tensor) -> Tensor:
                                      stable=True)]
 
 
-def seed_times(loader, input_time: Optional[Tensor],
-               node_time: Optional[Tensor]) -> Tensor:
-    """The time of every input node of ``loader``: ``input_time`` (one per
-    input node), or the input nodes' own node times."""
-    seeds = loader.input_nodes
+def seed_times(seeds: Tensor, start: int, input_time: Optional[Tensor],
+               node_time: Optional[Tensor], without: str) -> Tensor:
+    """The time of every seed (global ids ``seeds`` of this rank's nodes
+    from ``start``): ``input_time`` (one per seed), else the seeds' own
+    ``node_time``; ``without`` is the error when there is neither."""
     if input_time is not None:
         input_time = torch.as_tensor(input_time)
         if input_time.dim() != 1 or input_time.numel() != seeds.numel():
@@ -110,9 +145,8 @@ def seed_times(loader, input_time: Optional[Tensor],
                              f"{list(input_time.shape)}")
         return input_time
     if node_time is None:
-        raise ValueError("time_attr is an edge attribute: pass input_time, "
-                         "the seeds' times")
-    return node_time[seeds - loader.shard.node_start]
+        raise ValueError(without)
+    return node_time[seeds - start]
 
 
 def node_times(shard, node_time: Tensor, ids: Tensor) -> Tensor:
@@ -120,34 +154,3 @@ def node_times(shard, node_time: Tensor, ids: Tensor) -> Tensor:
     holds ``node_time`` of its own nodes (collective)."""
     return comm.ask_owners(ids, shard.owner(ids),
                            lambda asked: node_time[asked - shard.node_start])
-
-
-def earliest_node(loader) -> int:
-    """The global id of a node with the smallest time (collective)."""
-    shard = loader.shard
-    if loader.node_time.numel():
-        local = int(torch.argmin(loader.node_time))
-        mine = (loader.node_time[local].item(), shard.node_start + local)
-    else:
-        mine = (float('inf'), -1)
-    return min(comm.all_gather_object(mine))[1]
-
-
-def temporal_negatives(loader, draw, seed_time: Tensor,
-                       rounds: int = 5) -> Tensor:
-    """PyG's greedy temporal negatives: draw one node per entry of
-    ``seed_time`` (``draw(n)``), re-draw those later than their seed time up
-    to ``rounds`` times, and give what is still invalid the earliest node.
-    Collective: every rank runs the same number of lookups."""
-    def times_of(ids: Tensor) -> Tensor:
-        return node_times(loader.shard, loader.node_time, ids)
-
-    out = draw(seed_time.numel())
-    for _ in range(rounds):
-        invalid = times_of(out) > seed_time
-        out[invalid] = draw(int(invalid.sum()))
-    invalid = times_of(out) > seed_time
-    if not hasattr(loader, '_earliest_node'):
-        loader._earliest_node = earliest_node(loader)
-    out[invalid] = loader._earliest_node
-    return out
