@@ -366,7 +366,13 @@ def test_stock_layer_given_a_dist_graph_names_the_fix(make, hard_part):
     pyg_sar.sync_params(fresh)  # one hook per layer, however often
     assert len(fresh[0]._forward_pre_hooks) == 1
     torch.testing.assert_close(fresh[0](part.x, part.edge_index), expected)
-    # A converted model's layers accept the graph.
+    # A converted model's layers accept the graph, whether converted
+    # before or after sync_params guarded them (layers adapted in place
+    # keep the hook, which then lets the graph through).
     converted = pyg_sar.nn.to_distributed(make())
     pyg_sar.sync_params(converted)
     assert len(converted._forward_pre_hooks) == 0
+    for stock in (make(), pyg_nn.ResGatedGraphConv(6, 4)):
+        guarded = torch.nn.ModuleList([stock])
+        pyg_sar.sync_params(guarded)
+        pyg_sar.nn.to_distributed(guarded)[0](part.x, dist_graph)
