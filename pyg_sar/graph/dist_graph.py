@@ -335,7 +335,7 @@ class DistGraph:
                 self.recv_ids[q].numel())
             self.blocks.append(EdgeBlock(q, num_src, src, dst, pos,
                                          self.num_nodes, self.chunk_size))
-        self._merged: Optional[EdgeBlock] = None
+        self.merged_cache: Optional[EdgeBlock] = None
 
     # Queries #################################################################
 

@@ -52,7 +52,7 @@ def merged_block(graph) -> EdgeBlock:
     """All edges of ``graph`` as one block over the table ``[local rows;
     halo rows of each remote block in ring order]`` (the ``one_shot``
     layout), built once per graph."""
-    if graph._merged is None:
+    if graph.merged_cache is None:
         srcs, offset = [], 0
         for block in graph.blocks:
             srcs.append(block.src + offset)
@@ -61,10 +61,10 @@ def merged_block(graph) -> EdgeBlock:
         dst = torch.cat([b.dst for b in graph.blocks])
         pos = torch.cat([b.edge_pos for b in graph.blocks])
         order = torch.argsort(dst, stable=True)
-        graph._merged = EdgeBlock(graph.rank, offset, src[order], dst[order],
-                                  pos[order], graph.num_nodes,
-                                  graph.chunk_size)
-    return graph._merged
+        graph.merged_cache = EdgeBlock(
+            graph.rank, offset, src[order], dst[order], pos[order],
+            graph.num_nodes, graph.chunk_size)
+    return graph.merged_cache
 
 
 def post_row_exchange(graph, tensors: List[Tensor], send_to, recv_from,
