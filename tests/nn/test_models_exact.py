@@ -19,7 +19,7 @@ from torch_geometric.utils import degree
 import pyg_sar
 from _dist import run_workers
 from _graphs import hard_graph
-from test_zoo_exact import assert_close
+from tests.nn.test_zoo_exact import assert_close
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from torch_geometric.distributed import DistContext
 from pyg_sar import datasets, load_partition, partition_graph
 from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
-from tests.test_loader import _reference
+from tests.loader.test_loader import _reference
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow

@@ -25,7 +25,8 @@ pytest.importorskip('sphinx', reason='Sphinx is not installed (pip install '
 pytest.importorskip('furo', reason='the furo theme is not installed (pip '
                     'install -r docs/requirements.txt)')
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# This file is in tests/docs/.
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 DOCS = osp.join(ROOT, 'docs')
 
 # The pages the site is made of (index.rst's toctree and the reference).

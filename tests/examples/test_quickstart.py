@@ -20,7 +20,8 @@ from pyg_sar.comm import find_free_port
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# This file is in tests/examples/.
+REPO = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 EXAMPLES = osp.join(REPO, 'examples')
 
 

@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(__file__)),
-                            'benchmarks'))
+sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..',
+                            'benchmarks'))  # from tests/benchmarks/
 from floor import breakdown, category, measure_floor  # noqa: E402
 from full_batch_worker import layer_dims  # noqa: E402
 

@@ -299,7 +299,8 @@ def test_a_run_without_shutdown_exits_cleanly(parts, tmp_path):
     script = tmp_path / 'no_shutdown.py'
     script.write_text(_NO_SHUTDOWN)
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
+        [os.path.abspath(os.path.join(os.path.dirname(__file__), '..',
+                                      '..'))] +  # the repository
         [p for p in [os.environ.get('PYTHONPATH')] if p])}
     # Without the exit teardown, about every second run of the light script
     # aborted ("terminate called without an active exception").

@@ -21,7 +21,7 @@ from torch_geometric.data import HeteroData
 import pyg_sar
 from _dist import run_workers
 from _graphs import hard_graph
-from test_zoo_exact import C, CHUNK, MODES, assert_close, mlp, probe
+from tests.nn.test_zoo_exact import C, CHUNK, MODES, assert_close, mlp, probe
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow

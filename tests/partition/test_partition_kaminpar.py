@@ -194,7 +194,7 @@ def test_bad_arguments(monkeypatch):
 def test_training_exact_on_kaminpar_partition(tmp_path):
     # The exactness sweep of test_sar_exact (every conv, mode and chunk
     # size) on a KaMinPar partition at world size 3.
-    import test_sar_exact as exact
+    from tests.nn import test_sar_exact as exact
     from pyg_sar.partition.homogeneous import write_homogeneous
     from _dist import run_workers
 
@@ -223,7 +223,7 @@ def test_training_exact_on_kaminpar_partition(tmp_path):
 
 def _exact_worker(rank, world_size, root):
     import pyg_sar
-    import test_sar_exact as exact
+    from tests.nn import test_sar_exact as exact
     from _dist import halo_slices_with_chunks, test_device, to_cpu
 
     part = pyg_sar.load_partition(root, rank)
@@ -256,7 +256,6 @@ def test_heterogeneous_graph_partitioned_by_kaminpar(tmp_path, monkeypatch):
     its name, and every node of every type lands in exactly one part."""
     import pyg_sar
     from pyg_sar.partition import heterogeneous
-    sys.path.insert(0, os.path.dirname(__file__))
     from _hetero import hard_hetero
 
     def no_metis(*args, **kwargs):

@@ -16,7 +16,7 @@ from pyg_sar.nn.adapter import DistAdapter
 from pyg_sar.nn.convert import REFUSAL_REASONS
 from _dist import run_workers
 from _graphs import hard_graph
-from test_zoo_exact import ZOO
+from tests.nn.test_zoo_exact import ZOO
 
 # Stock layers whose exactness the suite checks: the SAR-engine twins in
 # test_sar_exact.py, everything else in test_zoo_exact.py.

@@ -132,7 +132,7 @@ def test_layer_wise_refusals(tmp_path):
 
 def _rgcn(rank, world_size, root):
     import copy
-    from test_rgcn_exact import _homogeneous, _stock
+    from tests.nn.conv.test_rgcn_conv import _homogeneous, _stock
     data = _homogeneous()
     part = pyg_sar.load_partition(root, rank)
     seeds = part.train_mask
@@ -167,7 +167,7 @@ def _rgcn(rank, world_size, root):
 
 @pytest.mark.parametrize('world_size', [1, 3])
 def test_rgcn_layer_wise_equals_full(tmp_path, world_size):
-    from test_rgcn_exact import _homogeneous
+    from tests.nn.conv.test_rgcn_conv import _homogeneous
     data = _homogeneous()
     data.train_mask = torch.zeros(data.num_nodes, dtype=torch.bool)
     data.train_mask[torch.arange(3, data.num_nodes, 11)] = True
@@ -190,7 +190,7 @@ def test_rgcn_layer_wise_equals_full(tmp_path, world_size):
 def _hetero(rank, world_size, root, names):
     import copy
     from _hetero import PAPER, hard_hetero
-    from test_hetero_exact import _stock
+    from tests.nn.test_hetero_exact import _stock
     data = hard_hetero()
     part = pyg_sar.load_partition(root, rank)
     seeds = part[PAPER].train_mask

@@ -12,8 +12,8 @@ import torch
 import pyg_sar
 from _hetero import hard_hetero
 
-EXAMPLES = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                    'examples')
+# This file is in tests/examples/.
+EXAMPLES = osp.abspath(osp.join(osp.dirname(__file__), '..', '..', 'examples'))
 
 
 def example(name):

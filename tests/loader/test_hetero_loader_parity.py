@@ -14,7 +14,7 @@ from pyg_sar import load_partition, partition_graph
 from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
 from tests._hetero import AUTHOR, CITES, PAPER, WRITES, hard_hetero
-from tests.test_hetero_loader import DICT_FANOUTS, _assert_same_batch, \
+from tests.loader.test_hetero_loader import DICT_FANOUTS, _assert_same_batch, \
     _in_partition_ids, _reference, _Replay
 
 # Many multi-process runs: deselect with -m "not slow".

@@ -10,7 +10,7 @@ import torch
 from pyg_sar import datasets, load_partition, partition_graph
 from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
-from tests.test_loader import _check_batch, _reference
+from tests.loader.test_loader import _check_batch, _reference
 
 FANOUTS = [3, 2]
 
