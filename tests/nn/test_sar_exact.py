@@ -3,8 +3,10 @@ parameter gradients of every conv in every mode, for world sizes 1-4, on a
 synthetic graph (isolated nodes, feature ties, a part without training
 nodes) and on Cora; plus user subclasses, loss curves and BatchNorm.
 
-One spawn per world size runs every configuration; the parent compares.
+One spawn per world size (and graph) runs every configuration, in a
+module-scoped fixture; the parent compares, one test per conv.
 """
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,11 +19,12 @@ import pyg_sar
 from pyg_sar import datasets
 from pyg_sar.nn import DistMessagePassing
 from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
+from _exact import FLOAT32_SCALED, Tol, close, mismatches, report
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
 
-RTOL, ATOL = 1e-4, 1e-5
+WORLD_SIZES = [1, 2, 3, 4]
 MODES = ('sar', 'sa', 'one_shot')
 # Small enough to cut every block into several chunks.
 CHUNKS = {'synthetic': 37, 'Cora': 1500}
@@ -32,6 +35,14 @@ CONVS = ('sage_mean', 'sage_max', 'sage_sum', 'sage_min_project', 'gcn',
 # Layers that read per-edge tensors, and which ones.
 EDGE_INPUTS = {'gcn_weighted': 'edge_weight', 'graph_weighted': 'edge_weight',
                'gat_edge_attr': 'edge_attr', 'gatv2_edge_attr': 'edge_attr'}
+# The convs each graph runs: Cora has no per-edge tensors.
+CONVS_ON = {'synthetic': CONVS,
+            'Cora': tuple(k for k in CONVS if k not in EDGE_INPUTS)}
+# Loss curves: 20 Adam steps of these models in these modes.
+EPOCHS = 20
+CURVE_MODELS = ('sage', 'gat')
+CURVE_MODES = ('sar', 'one_shot')
+CURVE = Tol(rtol=1e-4, atol=1e-4)
 
 
 # User-written layers: one message, a PyG twin and a distributed twin ##########
@@ -274,8 +285,8 @@ def _train_mask(part, rank: int, world_size: int) -> Tensor:
 def _loss_curves(part, rank, world_size, epochs):
     from pyg_sar.train import GNN, distributed_loss
     curves = {}
-    for model in ('sage', 'gat'):
-        for mode in ('sar', 'one_shot'):
+    for model in CURVE_MODELS:
+        for mode in CURVE_MODES:
             halo_slices_with_chunks(mode == 'sar')
             graph = pyg_sar.DistGraph(part, mode=mode)
             torch.manual_seed(7)
@@ -349,64 +360,81 @@ def reference_curve(data, model: str, train_mask: Tensor, epochs: int):
     return losses
 
 
-def assert_close(actual, expected, what):
-    scale = expected.abs().max().clamp(min=1.0)
-    torch.testing.assert_close(actual / scale, expected / scale, rtol=RTOL,
-                               atol=ATOL, msg=lambda m: f'{what}: {m}')
-
-
 @pytest.fixture(scope='module')
 def cora(shared_data_root):
     return datasets.load('Cora', shared_data_root)
 
 
-@pytest.mark.parametrize('dataset', ['synthetic', 'Cora'])
-@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
-def test_distributed_equals_single_process(world_size, dataset, tmp_path,
-                                           request):
-    data = (synthetic_data() if dataset == 'synthetic' else
-            request.getfixturevalue('cora'))  # skips without real data
-    data_sets = {dataset: data}
-    roots = {name: partition(data, world_size, str(tmp_path / name))
-             for name, data in data_sets.items()}
-    epochs = 20
-    results = run_workers(_worker, world_size, roots, epochs, timeout_s=120)
+def _spawn(name, data, world_size, tmp_path_factory):
+    """One spawn of ``world_size`` workers runs every conv, mode and chunk
+    size (and, on the synthetic graph, the loss curves and BatchNorm)."""
+    assert kinds_for(data) == list(CONVS_ON[name]), name
+    root = partition(data, world_size, str(tmp_path_factory.mktemp(name)))
+    results = run_workers(_worker, world_size, {name: root}, EPOCHS,
+                          timeout_s=120)
+    return SimpleNamespace(name=name, data=data, root=root,
+                           world_size=world_size, results=results,
+                           ids=[r[(name, 'ids')] for r in results])
 
-    for name, data in data_sets.items():
-        ids = torch.cat([r[(name, 'ids')] for r in results])
-        for kind in kinds_for(data):
-            ref_out, ref_grad_x, ref_grads = reference(data, kind)
-            for mode in MODES:
-                for chunk in (None, CHUNKS[name]):
-                    key = (name, mode, chunk, kind)
-                    what = f'{name} {kind} mode={mode} chunk={chunk} ' \
-                           f'world={world_size}'
-                    out = torch.cat([r[key][0] for r in results])
-                    assert_close(out, ref_out[ids], f'{what} output')
-                    grad_x = torch.cat([r[key][1] for r in results])
-                    assert_close(grad_x, ref_grad_x[ids], f'{what} dL/dx')
-                    for pname, ref in ref_grads.items():
-                        total = sum(r[key][2][pname] for r in results)
-                        assert_close(total, ref, f'{what} dL/d{pname}')
 
-    if dataset != 'synthetic':
-        return
-    # Loss curves: the last part has no training nodes.
-    train_mask = data.train_mask.clone()
-    last = pyg_sar.load_partition(roots['synthetic'], world_size - 1)
-    if world_size > 1:
+@pytest.fixture(scope='module', params=WORLD_SIZES)
+def synthetic_run(request, tmp_path_factory):
+    return _spawn('synthetic', synthetic_data(), request.param,
+                  tmp_path_factory)
+
+
+@pytest.fixture(scope='module', params=WORLD_SIZES)
+def cora_run(request, tmp_path_factory):
+    data = request.getfixturevalue('cora')  # skips without real data
+    return _spawn('Cora', data, request.param, tmp_path_factory)
+
+
+def _check_conv(run, kind):
+    ref = reference(run.data, kind)
+    failures = []
+    for mode in MODES:
+        for chunk in (None, CHUNKS[run.name]):
+            key = (run.name, mode, chunk, kind)
+            failures += mismatches(
+                f'{run.name} {kind} mode={mode} chunk={chunk} '
+                f'world={run.world_size}', run.ids,
+                [r[key] for r in run.results], ref, FLOAT32_SCALED)
+    report(failures)
+
+
+@pytest.mark.parametrize('kind', CONVS_ON['synthetic'])
+def test_conv_equals_single_process_on_synthetic(synthetic_run, kind):
+    _check_conv(synthetic_run, kind)
+
+
+@pytest.mark.parametrize('kind', CONVS_ON['Cora'])
+def test_conv_equals_single_process_on_cora(cora_run, kind):
+    _check_conv(cora_run, kind)
+
+
+@pytest.mark.parametrize('model', CURVE_MODELS)
+def test_loss_curve_equals_single_process(synthetic_run, model):
+    # The last part has no training nodes.
+    run = synthetic_run
+    train_mask = run.data.train_mask.clone()
+    if run.world_size > 1:
+        last = pyg_sar.load_partition(run.root, run.world_size - 1)
         train_mask[last.orig_ids] = False
-    for model in ('sage', 'gat'):
-        expected = torch.tensor(reference_curve(data, model, train_mask,
-                                                epochs))
-        for mode in ('sar', 'one_shot'):
-            for r in results:
-                torch.testing.assert_close(
-                    torch.tensor(r['curves'][(model, mode)]), expected,
-                    rtol=1e-4, atol=1e-4,
-                    msg=lambda m: f'{model}/{mode} loss curve: {m}')
+    expected = torch.tensor(reference_curve(run.data, model, train_mask,
+                                            EPOCHS))
+    failures = []
+    for mode in CURVE_MODES:
+        for rank, r in enumerate(run.results):
+            failures += close(torch.tensor(r['curves'][(model, mode)]),
+                              expected, CURVE,
+                              f'{model} mode={mode} world={run.world_size} '
+                              f'loss curve on rank {rank}')
+    report(failures)
 
+
+def test_batch_norm_equals_single_process(synthetic_run):
     # BatchNorm normalizes with whole-graph statistics.
+    run, data = synthetic_run, synthetic_run.data
     torch.manual_seed(5)
     norm = pyg_nn.BatchNorm(data.x.shape[1])
     with torch.no_grad():
@@ -415,15 +443,20 @@ def test_distributed_equals_single_process(world_size, dataset, tmp_path,
     x = data.x.clone().requires_grad_()
     out = norm(x)
     (out * probe(data.num_nodes, data.x.shape[1])).sum().backward()
-    ids = torch.cat([r[('synthetic', 'ids')] for r in results])
-    got = [r['batch_norm'] for r in results]
-    assert_close(torch.cat([g[0] for g in got]), out.detach()[ids], 'BN out')
-    assert_close(torch.cat([g[1] for g in got]), x.grad[ids], 'BN dL/dx')
-    assert_close(sum(g[2] for g in got), norm.module.weight.grad, 'BN dw')
-    assert_close(sum(g[3] for g in got), norm.module.bias.grad, 'BN db')
-    for g in got:
-        assert_close(g[4], norm.module.running_mean, 'BN running mean')
-        assert_close(g[5], norm.module.running_var, 'BN running var')
+    got = [r['batch_norm'] for r in run.results]
+    what = f'BatchNorm world={run.world_size}'
+    failures = mismatches(
+        what, run.ids, [(g[0], g[1], {'weight': g[2], 'bias': g[3]})
+                        for g in got],
+        (out.detach(), x.grad, {'weight': norm.module.weight.grad,
+                                'bias': norm.module.bias.grad}),
+        FLOAT32_SCALED)
+    for rank, g in enumerate(got):
+        failures += close(g[4], norm.module.running_mean, FLOAT32_SCALED,
+                          f'{what} running mean on rank {rank}')
+        failures += close(g[5], norm.module.running_var, FLOAT32_SCALED,
+                          f'{what} running var on rank {rank}')
+    report(failures)
 
 
 def test_to_distributed_round_trips_weights():

@@ -20,6 +20,7 @@ from pyg_sar.partition.repair import TRAIN_BALANCE_TOLERANCE
 from pyg_sar.partition.symmetric import (CsrView, symmetric_csr,
                                          write_parhip)
 from _graphs import hard_graph
+from tests.nn.test_sar_exact import CONVS_ON
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -191,9 +192,11 @@ def test_bad_arguments(monkeypatch):
         assign_parts(_source(edge_index, n), 3, 'kaminpar')
 
 
-def test_training_exact_on_kaminpar_partition(tmp_path):
-    # The exactness sweep of test_sar_exact (every conv, mode and chunk
-    # size) on a KaMinPar partition at world size 3.
+@pytest.fixture(scope='module')
+def kaminpar_run(tmp_path_factory):
+    """The workers' results of the exactness sweep of test_sar_exact (every
+    conv, mode and chunk size) on a KaMinPar partition at world size 3:
+    one spawn for every conv's test."""
     from tests.nn import test_sar_exact as exact
     from pyg_sar.partition.homogeneous import write_homogeneous
     from _dist import run_workers
@@ -201,24 +204,28 @@ def test_training_exact_on_kaminpar_partition(tmp_path):
     data = exact.synthetic_data()
     part, _ = assign_parts(_source(data.edge_index, data.num_nodes), 3,
                            'kaminpar', seed=0, train_mask=data.train_mask)
-    root = str(tmp_path / 'synthetic')
+    root = str(tmp_path_factory.mktemp('kaminpar') / 'synthetic')
     write_homogeneous(data, 3, root, method='kaminpar', assignment=part)
-    results = run_workers(_exact_worker, 3, root, timeout_s=120)
-    ids = torch.cat([r['ids'] for r in results])
-    assert torch.equal(ids.sort().values, torch.arange(data.num_nodes))
-    for kind in exact.kinds_for(data):
-        ref_out, ref_grad_x, ref_grads = exact.reference(data, kind)
-        for mode in exact.MODES:
-            for chunk in (None, exact.CHUNKS['synthetic']):
-                key = (mode, chunk, kind)
-                what = f'kaminpar {kind} mode={mode} chunk={chunk}'
-                out = torch.cat([r[key][0] for r in results])
-                exact.assert_close(out, ref_out[ids], f'{what} output')
-                grad_x = torch.cat([r[key][1] for r in results])
-                exact.assert_close(grad_x, ref_grad_x[ids], f'{what} dL/dx')
-                for name, ref in ref_grads.items():
-                    exact.assert_close(sum(r[key][2][name] for r in results),
-                                       ref, f'{what} dL/d{name}')
+    return data, run_workers(_exact_worker, 3, root, timeout_s=120)
+
+
+@pytest.mark.parametrize('kind', CONVS_ON['synthetic'])
+def test_training_exact_on_kaminpar_partition(kaminpar_run, kind):
+    from tests.nn import test_sar_exact as exact
+    from _exact import FLOAT32_SCALED, mismatches, report
+
+    data, results = kaminpar_run
+    assert kind in exact.kinds_for(data)
+    ids = [r['ids'] for r in results]
+    ref = exact.reference(data, kind)
+    failures = []
+    for mode in exact.MODES:
+        for chunk in (None, exact.CHUNKS['synthetic']):
+            key = (mode, chunk, kind)
+            failures += mismatches(
+                f'kaminpar {kind} mode={mode} chunk={chunk}', ids,
+                [r[key] for r in results], ref, FLOAT32_SCALED)
+    report(failures)
 
 
 def _exact_worker(rank, world_size, root):
