@@ -6,9 +6,13 @@ world sizes 1-3. The graph (tests/_hetero.py) has directed citations with
 self loops, duplicate edges and an edge attribute, isolated nodes of every
 type, and the parts are cut so that one part has no author at all (a
 relation with an empty source table) and, at three parts, one has no field.
+
+Each spawn (per world size and graph) runs in a module-scoped fixture; the
+parent compares, one test per model.
 """
 import copy
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,13 +23,13 @@ from torch_geometric.transforms import ToUndirected
 
 import pyg_sar
 from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
+from _exact import FLOAT32, FLOAT32_SCALED, Tol, close, mismatches, report
 from _hetero import (AUTHOR, CITES, FIELD, HAS, OF, WRITES, WRITTEN,
                      BlockHeteroPart, hard_hetero)
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
 
-RTOL, ATOL = 1e-4, 1e-5
 MODELS = ('hetero_conv', 'hetero_conv_edge_attr', 'to_hetero_sage_sum',
           'to_hetero_sage_mean', 'to_hetero_gat_max', 'hgt')
 RUNS = [('sar', None), ('sa', 7), ('one_shot', None), ('sar', 7)]
@@ -173,55 +177,53 @@ def _reference(name):
     return _run(model, data.x_dict, data.edge_index_dict, ids, attr)
 
 
-def _assemble(per_rank, key, which, t, num_rows):
-    first = per_rank[0][1][key][which][t]
-    full = first.new_zeros((num_rows, *first.shape[1:]))
-    for ids, results in per_rank:
-        full[ids[t]] = results[key][which][t]
-    return full
+def _compare(run, name, tol=FLOAT32, runs=RUNS, grad_scale=None):
+    """Outputs and input gradients of every node type, and every parameter
+    gradient (summed over ranks), of model ``name`` in every run: one line
+    per mismatch."""
+    expected = run.reference(name)
+    assert expected[2], name  # the model has parameter gradients
+    ids = [r[0] for r in run.per_rank]
+    failures = []
+    for mode, chunk in runs:
+        key = (mode, chunk, name)
+        failures += mismatches(
+            f'{run.label}{name} {mode} chunk={chunk} world={run.world_size}',
+            ids, [r[1][key] for r in run.per_rank], expected, tol,
+            params='some', grad_scale=grad_scale)
+    return failures
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
-def test_hetero_models_match_pyg(world_size):
-    per_rank = run_workers(_worker, world_size, MODELS, timeout_s=120)
-    _compare(per_rank, world_size)
+@pytest.fixture(scope='module', params=[1, 2, 3])
+def block_run(request):
+    """Every model on contiguous blocks of input ids."""
+    world_size = request.param
+    return SimpleNamespace(world_size=world_size, label='',
+                           reference=_reference, per_rank=run_workers(
+                               _worker, world_size, MODELS, timeout_s=120))
 
 
-@pytest.mark.parametrize('world_size', [2, 3])
-def test_hetero_models_match_pyg_on_metis_parts(world_size, tmp_path):
+@pytest.mark.parametrize('name', MODELS)
+def test_hetero_model_matches_pyg(block_run, name):
+    report(_compare(block_run, name))
+
+
+@pytest.fixture(scope='module', params=[2, 3])
+def metis_run(request, tmp_path_factory):
     """The same through the partitioner and load_partition (relabelled
     ids, edges in the partition's CSC order)."""
-    pyg_sar.partition_graph(hard_hetero(), world_size, tmp_path / 'parts',
-                            progress=False)
-    per_rank = run_workers(_worker, world_size, MODELS[:2],
-                           str(tmp_path / 'parts'), timeout_s=120)
-    _compare(per_rank, world_size, MODELS[:2])
+    world_size = request.param
+    root = tmp_path_factory.mktemp('parts')
+    pyg_sar.partition_graph(hard_hetero(), world_size, root, progress=False)
+    return SimpleNamespace(world_size=world_size, label='metis ',
+                           reference=_reference, per_rank=run_workers(
+                               _worker, world_size, MODELS[:2], str(root),
+                               timeout_s=120))
 
 
-def _compare(per_rank, world_size, models=MODELS):
-    data = hard_hetero()
-    for name in models:
-        ref_out, ref_xgrad, ref_pgrad = _reference(name)
-        for mode, chunk in RUNS:
-            key = (mode, chunk, name)
-            where = f'{name} {mode} chunk={chunk} world={world_size}'
-            assert set(per_rank[0][1][key][0]) == set(ref_out), where
-            for t in ref_out:
-                out = _assemble(per_rank, key, 0, t, data[t].num_nodes)
-                torch.testing.assert_close(out, ref_out[t], rtol=RTOL,
-                                           atol=ATOL, msg=f'{where} out {t}')
-            for t in ref_xgrad:
-                grad = _assemble(per_rank, key, 1, t, data[t].num_nodes)
-                torch.testing.assert_close(grad, ref_xgrad[t], rtol=RTOL,
-                                           atol=ATOL,
-                                           msg=f'{where} x grad {t}')
-            assert ref_pgrad, where
-            for pname, ref in ref_pgrad.items():
-                # A rank without nodes of a type has no gradient there.
-                grad = sum(r[1][key][2].get(pname, torch.zeros_like(ref))
-                           for r in per_rank)
-                torch.testing.assert_close(grad, ref, rtol=RTOL, atol=ATOL,
-                                           msg=f'{where} grad {pname}')
+@pytest.mark.parametrize('name', MODELS[:2])
+def test_hetero_model_matches_pyg_on_metis_parts(metis_run, name):
+    report(_compare(metis_run, name))
 
 
 def _curve(model, x_dict, graph, ids, labels, train, count, reduce, total):
@@ -262,24 +264,31 @@ def _curve_worker(rank, world_size, names):
                          comm.all_reduce) for name in names}
 
 
-def test_hetero_loss_curves_match_pyg():
+CURVE_MODELS = ('hetero_conv', 'to_hetero_sage_mean', 'hgt')
+
+
+@pytest.fixture(scope='module')
+def curve_run():
+    """20 Adam steps of every curve model on three workers."""
+    return run_workers(_curve_worker, 3, CURVE_MODELS, timeout_s=120)
+
+
+@pytest.mark.parametrize('name', CURVE_MODELS)
+def test_hetero_loss_curve_matches_pyg(curve_run, name):
     """20 Adam steps on three workers follow the single-process curve."""
-    names = ('hetero_conv', 'to_hetero_sage_mean', 'hgt')
-    per_rank = run_workers(_curve_worker, 3, names, timeout_s=120)
     data = hard_hetero()
     ids = {t: torch.arange(data[t].num_nodes) for t in data.node_types}
     labels, train = _labels(ids)
-    for name in names:
-        ref = _curve(_stock(name, data), data.x_dict, data.edge_index_dict,
-                     ids, labels, train, lambda n: n, lambda m: None,
-                     lambda t: t)
-        assert ref[-1] < ref[0] * 0.9, name  # it does train
-        for r in per_rank:
-            # Rounding differences only (summation order), which Adam
-            # amplifies slowly.
-            torch.testing.assert_close(torch.tensor(r[name]),
-                                       torch.tensor(ref), rtol=1e-4,
-                                       atol=1e-4, msg=name)
+    ref = _curve(_stock(name, data), data.x_dict, data.edge_index_dict,
+                 ids, labels, train, lambda n: n, lambda m: None,
+                 lambda t: t)
+    assert ref[-1] < ref[0] * 0.9, name  # it does train
+    # Rounding differences only (summation order), which Adam amplifies
+    # slowly.
+    report([line for rank, r in enumerate(curve_run)
+            for line in close(torch.tensor(r[name]), torch.tensor(ref),
+                              Tol(rtol=1e-4, atol=1e-4),
+                              f'{name} loss curve on rank {rank}')])
 
 
 # The synthetic generator (always) and DBLP (when the data folder is here) ####
@@ -328,49 +337,47 @@ def _dataset_reference(name, root, model_name):
                 ids)
 
 
-def _check_dataset(name, root, world_size, tmp_path):
+def _dataset_run(name, root, world_size, tmp_path):
     data = _dataset(name, root)
     pyg_sar.partition_graph(data, world_size, tmp_path / 'p',
                             progress=False)
-    per_rank = run_workers(_dataset_worker, world_size, name, root,
-                           str(tmp_path / 'p'), timeout_s=300)
-    for model_name in DATASET_MODELS:
-        ref_out, ref_xgrad, ref_pgrad = _dataset_reference(name, root,
-                                                           model_name)
-        for mode, chunk in DATASET_RUNS:
-            key = (mode, chunk, model_name)
-            where = f'{name} {key} world={world_size}'
-            for which, ref in ((0, ref_out), (1, ref_xgrad)):
-                for t in ref:
-                    got = _assemble(per_rank, key, which, t,
-                                    data[t].num_nodes)
-                    # float32 rounding of sums over many edges: absolute
-                    # error relative to the tensor's scale.
-                    scale = max(1.0, float(ref[t].abs().max()))
-                    torch.testing.assert_close(got, ref[t], rtol=RTOL,
-                                               atol=ATOL * scale,
-                                               msg=f'{where} {which} {t}')
-            # Some gradients are zero in exact arithmetic (GAT's att_dst
-            # into a node with one in-edge per source type...): their
-            # rounding noise follows the scale of the whole backward.
-            scale = max(1.0, max(float(g.abs().max())
-                                 for g in ref_pgrad.values()))
-            for pname, ref in ref_pgrad.items():
-                grad = sum(r[1][key][2].get(pname, torch.zeros_like(ref))
-                           for r in per_rank)
-                torch.testing.assert_close(grad, ref, rtol=RTOL,
-                                           atol=ATOL * scale,
-                                           msg=f'{where} grad {pname}')
+    return SimpleNamespace(
+        world_size=world_size, label=f'{name} ',
+        reference=functools.partial(_dataset_reference, name, root),
+        per_rank=run_workers(_dataset_worker, world_size, name, root,
+                             str(tmp_path / 'p'), timeout_s=300))
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
-def test_hetero_models_match_pyg_on_synthetic(world_size, tmp_path_factory):
+def _check_dataset(run, model_name):
+    # float32 rounding of sums over many edges: absolute error relative to
+    # the tensor's scale. Some parameter gradients are zero in exact
+    # arithmetic (GAT's att_dst into a node with one in-edge per source
+    # type...): their rounding noise follows the scale of the whole
+    # backward, the largest entry of every parameter gradient.
+    ref_pgrad = run.reference(model_name)[2]
+    scale = max(float(g.abs().max()) for g in ref_pgrad.values())
+    report(_compare(run, model_name, FLOAT32_SCALED, DATASET_RUNS, scale))
+
+
+@pytest.fixture(scope='module', params=[1, 2, 3])
+def synthetic_run(request, tmp_path_factory):
     root = str(tmp_path_factory.getbasetemp() / 'synthetic-hetero')
-    _check_dataset('synthetic', root, world_size,
-                   tmp_path_factory.mktemp('synthetic'))
+    return _dataset_run('synthetic', root, request.param,
+                        tmp_path_factory.mktemp('synthetic'))
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
-def test_hetero_models_match_pyg_on_dblp(world_size, shared_data_root,
-                                         tmp_path):
-    _check_dataset('DBLP', shared_data_root, world_size, tmp_path)
+@pytest.fixture(scope='module', params=[1, 2, 3])
+def dblp_run(request, tmp_path_factory):
+    root = request.getfixturevalue('shared_data_root')  # skips without it
+    return _dataset_run('DBLP', root, request.param,
+                        tmp_path_factory.mktemp('dblp'))
+
+
+@pytest.mark.parametrize('model_name', DATASET_MODELS)
+def test_hetero_model_matches_pyg_on_synthetic(synthetic_run, model_name):
+    _check_dataset(synthetic_run, model_name)
+
+
+@pytest.mark.parametrize('model_name', DATASET_MODELS)
+def test_hetero_model_matches_pyg_on_dblp(dblp_run, model_name):
+    _check_dataset(dblp_run, model_name)

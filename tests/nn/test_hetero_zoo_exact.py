@@ -4,8 +4,12 @@ equal single-process PyG: outputs, input gradients and every parameter
 gradient, in every mode, with and without chunks, at world sizes 1-4, on
 graphs with self loops, duplicate edges and isolated nodes (tests/_hetero.py;
 the block parts leave one part without authors, and at three parts one
-without fields)."""
+without fields).
+
+Each spawn (per world size) runs in a module-scoped fixture; the parent
+compares, one test per layer configuration."""
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,12 +17,12 @@ import torch_geometric.nn as pyg_nn
 
 import pyg_sar
 from _dist import halo_slices_with_chunks, run_workers, test_device, to_cpu
+from _exact import FLOAT32, assemble, close, mismatches, report
 from _hetero import AUTHOR, FIELD, BlockHeteroPart, hard_hetero
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
 
-RTOL, ATOL = 1e-4, 1e-5
 RUNS = [('sar', None), ('sa', 11), ('one_shot', None), ('sar', 11)]
 R = 5  # relations of hard_hetero
 
@@ -177,38 +181,38 @@ def _typed_worker(rank, world_size, part_dir):
     return part.orig_ids, out
 
 
-def _compare(ref, parts, where):
-    """``ref``: (out, x grad, param grads); ``parts``: per rank (ids,
-    (out, x grad, param grads))."""
-    for k, what in ((0, 'out'), (1, 'x grad')):
-        full = ref[k].new_zeros(ref[k].shape)
-        for ids, res in parts:
-            full[ids] = res[k]
-        torch.testing.assert_close(full, ref[k], rtol=RTOL, atol=ATOL,
-                                   msg=f'{where} {what}')
-    assert ref[2], where
-    for name, value in ref[2].items():
-        grad = sum(res[2].get(name, torch.zeros_like(value))
-                   for _, res in parts)
-        torch.testing.assert_close(grad, value, rtol=RTOL, atol=ATOL,
-                                   msg=f'{where} grad {name}')
+def _compare(run, name, ref):
+    """``ref``: (out, x grad, param grads) of model ``name`` in one
+    process; every run of the workers against it, one line per
+    mismatch."""
+    assert ref[2], name  # the model has parameter gradients
+    ids = [r[0] for r in run.per_rank]
+    failures = []
+    for mode, chunk in RUNS:
+        key = (mode, chunk, name)
+        failures += mismatches(
+            f'{name} {mode} chunk={chunk} world={run.world_size}', ids,
+            [r[1][key] for r in run.per_rank], ref, FLOAT32, params='some')
+    return failures
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
-def test_rgat_and_heat_match_pyg(world_size, tmp_path):
+@pytest.fixture(scope='module', params=[1, 2, 3, 4])
+def typed_run(request, tmp_path_factory):
+    world_size = request.param
     data = _homogeneous()
-    pyg_sar.partition_graph(data, world_size, tmp_path / 'p', progress=False)
-    per_rank = run_workers(_typed_worker, world_size, str(tmp_path / 'p'),
-                           timeout_s=180)
-    N = data.num_nodes
-    for name in TYPED:
-        ref = _run_typed(_stock_typed(name), data.x, data.edge_index,
-                         data.node_type, data.edge_type, data.edge_attr,
-                         torch.arange(N))
-        for mode, chunk in RUNS:
-            key = (mode, chunk, name)
-            _compare(ref, [(ids, res[key]) for ids, res in per_rank],
-                     f'{name} {mode} chunk={chunk} world={world_size}')
+    root = tmp_path_factory.mktemp('p')
+    pyg_sar.partition_graph(data, world_size, root, progress=False)
+    return SimpleNamespace(world_size=world_size, data=data, per_rank=(
+        run_workers(_typed_worker, world_size, str(root), timeout_s=180)))
+
+
+@pytest.mark.parametrize('name', TYPED)
+def test_rgat_and_heat_match_pyg(typed_run, name):
+    data = typed_run.data
+    ref = _run_typed(_stock_typed(name), data.x, data.edge_index,
+                     data.node_type, data.edge_type, data.edge_attr,
+                     torch.arange(data.num_nodes))
+    report(_compare(typed_run, name, ref))
 
 
 def _han_worker(rank, world_size):
@@ -232,24 +236,20 @@ def _han_worker(rank, world_size):
     return to_cpu(ids), out
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
-def test_han_matches_pyg(world_size):
+@pytest.fixture(scope='module', params=[1, 2, 3, 4])
+def han_run(request):
+    world_size = request.param
+    return SimpleNamespace(world_size=world_size, per_rank=run_workers(
+        _han_worker, world_size, timeout_s=180))
+
+
+@pytest.mark.parametrize('name', HAN)
+def test_han_matches_pyg(han_run, name):
     data = hard_hetero()
-    per_rank = run_workers(_han_worker, world_size, timeout_s=180)
-    for name in HAN:
-        ids = {t: torch.arange(data[t].num_nodes) for t in data.node_types}
-        ref = _run_han(_stock_han(name, data), data.x_dict,
-                       data.edge_index_dict, ids)
-        for mode, chunk in RUNS:
-            key = (mode, chunk, name)
-            where = f'{name} {mode} chunk={chunk} world={world_size}'
-            assert set(per_rank[0][1][key][0]) == set(ref[0]), where
-            for t in data.node_types:
-                parts = [(i[t], (r[key][0].get(t), r[key][1][t], r[key][2]))
-                         for i, r in per_rank]
-                if t in ref[0]:
-                    _compare((ref[0][t], ref[1][t], ref[2]), parts,
-                             f'{where} {t}')
+    ids = {t: torch.arange(data[t].num_nodes) for t in data.node_types}
+    ref = _run_han(_stock_han(name, data), data.x_dict, data.edge_index_dict,
+                   ids)
+    report(_compare(han_run, name, ref))
 
 
 def _han_metis_worker(rank, world_size, part_dir):
@@ -275,15 +275,16 @@ def test_han_semantic_attention_on_metis_parts(world_size, tmp_path):
     ref_out, ref_beta = _stock_han('han_heads', data).conv1(
         data.x_dict, data.edge_index_dict,
         return_semantic_attention_weights=True)
+    failures = []
     for t, ref in ref_out.items():
-        full = torch.zeros_like(ref)
-        for ids, out, beta in per_rank:
-            full[ids[t]] = out[t].detach()
-            torch.testing.assert_close(beta[t].detach(),
-                                       ref_beta[t].detach(), rtol=RTOL,
-                                       atol=ATOL, msg=f'beta {t}')
-        torch.testing.assert_close(full, ref.detach(), rtol=RTOL, atol=ATOL,
-                                   msg=f'out {t}')
+        for rank, (_, _, beta) in enumerate(per_rank):
+            failures += close(beta[t].detach(), ref_beta[t].detach(),
+                              FLOAT32, f'beta {t} on rank {rank}')
+        full = assemble([ids[t] for ids, _, _ in per_rank],
+                        [out[t].detach() for _, out, _ in per_rank],
+                        ref.size(0))
+        failures += close(full, ref.detach(), FLOAT32, f'out {t}')
+    report(failures)
 
 
 def _refusals(rank, world_size, part_dir):
@@ -392,6 +393,6 @@ def test_han_trains_along_the_same_loss_curve():
                      lambda m: None, lambda t: t)
     per_rank = run_workers(_han_curve_worker, 2, timeout_s=120)
     assert ref[-1] < ref[0]
-    for losses in per_rank:
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref),
-                                   rtol=1e-4, atol=1e-5)
+    report([line for rank, losses in enumerate(per_rank)
+            for line in close(torch.tensor(losses), torch.tensor(ref),
+                              FLOAT32, f'loss curve on rank {rank}')])

@@ -5,11 +5,13 @@ every parameter gradient (summed over ranks) and the running statistics of
 their norms, across jumping-knowledge modes and normalizations, at world
 sizes 1-3, in 'sar' and 'one_shot' mode and with chunking.
 
-One spawn per world size runs every case; the parent compares. Conversion
-itself (state_dict keys, dtypes, frozen parameters, training flags) is
-checked without a process group.
+One spawn per world size runs every case, in a module-scoped fixture; the
+parent compares, one test per case. Conversion itself (state_dict keys,
+dtypes, frozen parameters, training flags) is checked without a process
+group.
 """
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,8 +20,8 @@ from torch_geometric.utils import degree
 
 import pyg_sar
 from _dist import run_workers
+from _exact import BY_DTYPE, close, mismatches, report
 from _graphs import hard_graph
-from tests.nn.test_zoo_exact import assert_close
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -131,59 +133,44 @@ def _worker(rank, world_size, root, cases, configs):
     return results
 
 
-def run_and_compare(world_size, root, cases, configs, timeout_s=120):
-    """Runs ``cases`` x ``configs`` in ``world_size`` workers and asserts
-    every output row, input-gradient row, parameter gradient (summed over
-    ranks) and running statistic (on every rank) equals the stock model's
-    on the whole graph."""
+@pytest.fixture(scope='module', params=[1, 2, 3])
+def models_run(request, tmp_path_factory):
+    """Every case in every config, in one spawn of ``world_size``
+    workers."""
+    world_size = request.param
     data = hard_graph()
+    root = str(tmp_path_factory.mktemp('parts'))
     pyg_sar.partition_graph(data, world_size, root)
-    results = run_workers(_worker, world_size, root, cases, configs,
-                          timeout_s=timeout_s)
-    ids = torch.cat([r['ids'] for r in results])
+    results = run_workers(_worker, world_size, root, CASES, CONFIGS,
+                          timeout_s=120)
+    return SimpleNamespace(world_size=world_size, data=data, results=results,
+                           ids=[r['ids'] for r in results])
+
+
+@pytest.mark.parametrize('c', CASES, ids=name_of)
+def test_model_equals_single_process(models_run, c):
+    """Every output row, input-gradient row, parameter gradient (summed
+    over ranks) and running statistic (on every rank) equals the stock
+    model's on the whole graph."""
+    run, data = models_run, models_run.data
+    tol = BY_DTYPE[c[3]]
+    ref_out, ref_gx, ref_gp, ref_buf = evaluate(
+        build(c, data.x.size(1)), data.x, data.edge_index,
+        torch.arange(data.num_nodes), data.num_nodes, c[3])
     failures = []
-    for c in cases:
-        dtype = c[3]
-        ref_out, ref_gx, ref_gp, ref_buf = evaluate(
-            build(c, data.x.size(1)), data.x, data.edge_index,
-            torch.arange(data.num_nodes), data.num_nodes, dtype)
-        for mode, chunk in configs:
-            key = (mode, chunk, c)
-            if key not in results[0]:
-                continue
-            what = (f'{name_of(c)} mode={mode} chunk={chunk} '
-                    f'world={world_size}')
-            checks = [
-                ('output', torch.cat([r[key][0] for r in results]),
-                 ref_out[ids]),
-                ('dL/dx', torch.cat([r[key][1] for r in results]),
-                 ref_gx[ids]),
-            ]
-            for pname, ref in ref_gp.items():
-                grads = [r[key][2][pname] for r in results]
-                if ref is None:
-                    assert all(g is None for g in grads), f'{what} {pname}'
-                    continue
-                total = sum(torch.zeros_like(ref) if g is None else g
-                            for g in grads)
-                checks.append((f'dL/d{pname}', total, ref))
-            for bname, ref in ref_buf.items():
-                if ref.is_floating_point():  # running statistics
-                    for rank, r in enumerate(results):
-                        checks.append((f'{bname} on rank {rank}',
-                                       r[key][3][bname], ref))
-            for label, actual, expected in checks:
-                try:
-                    assert_close(actual, expected, f'{what} {label}', dtype)
-                except AssertionError as e:
-                    failures.append(str(e))
-    assert not failures, f'{len(failures)} mismatches:\n' + '\n\n'.join(
-        failures)
-
-
-@pytest.mark.parametrize('world_size', [1, 2, 3])
-def test_models_equal_single_process(world_size, tmp_path):
-    run_and_compare(world_size, str(tmp_path / 'parts'), CASES, CONFIGS)
+    for mode, chunk in CONFIGS:
+        key = (mode, chunk, c)
+        got = [r[key] for r in run.results]
+        what = (f'{name_of(c)} mode={mode} chunk={chunk} '
+                f'world={run.world_size}')
+        failures += mismatches(what, run.ids, got, (ref_out, ref_gx, ref_gp),
+                               tol)
+        for bname, ref in ref_buf.items():
+            if ref.is_floating_point():  # running statistics
+                for rank, g in enumerate(got):
+                    failures += close(g[3][bname], ref, tol,
+                                      f'{what} {bname} on rank {rank}')
+    report(failures)
 
 
 # Conversion, no process group needed ########################################

@@ -4,9 +4,11 @@ gradients and every parameter gradient, at world sizes 1-4, in every mode,
 with and without chunking, on a graph with self loops, duplicate edges,
 isolated nodes and a hub whose in-edges span all parts.
 
-One spawn per world size runs every case; the parent compares.
+One spawn per world size runs every case, in a module-scoped fixture; the
+parent compares, one test per case.
 """
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from torch_geometric.utils import degree, scatter, softmax
 import pyg_sar
 from pyg_sar.nn import DistMessagePassing
 from _dist import run_workers
+from _exact import BY_DTYPE, FLOAT32, close, mismatches, report
 from _graphs import hard_graph
 
 # Many multi-process runs: deselect with -m "not slow".
@@ -355,8 +358,7 @@ def _worker(rank, world_size, root, cases):
         for chunk in (None, CHUNK):
             graph = pyg_sar.DistGraph(part, mode=mode, chunk_size=chunk)
             for case in cases:
-                for dtype in ((torch.float32, torch.float64)
-                              if case in FLOAT64 else (torch.float32, )):
+                for dtype in dtypes(case):
                     module, style = build(case, dist=True)
                     results[(mode, chunk, case, dtype)] = evaluate(
                         module, style, part.x, graph, part, part.orig_ids, n,
@@ -365,49 +367,51 @@ def _worker(rank, world_size, root, cases):
     return results
 
 
-def assert_close(actual, expected, what, dtype):
-    tol = 1e-4 if dtype == torch.float32 else 1e-10
-    scale = expected.abs().max().clamp(min=1.0)
-    torch.testing.assert_close(actual / scale, expected / scale, rtol=tol,
-                               atol=tol, msg=lambda m: f'{what}: {m}')
+def dtypes(case):
+    return ((torch.float32, torch.float64) if case in FLOAT64
+            else (torch.float32, ))
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
-def test_zoo_and_contract_equal_single_process(world_size, tmp_path):
+@pytest.fixture(scope='module', params=[1, 2, 3, 4])
+def zoo_run(request, tmp_path_factory):
+    world_size = request.param
     data = hard_graph()
-    root = str(tmp_path / 'parts')
+    root = str(tmp_path_factory.mktemp('parts'))
     pyg_sar.partition_graph(data, world_size, root)
     results = run_workers(_worker, world_size, root, CASES, timeout_s=240)
-    ids = torch.cat([r['ids'] for r in results])
+    return SimpleNamespace(world_size=world_size, data=data, root=root,
+                           results=results, ids=[r['ids'] for r in results])
+
+
+def test_loss_curve_equals_single_process(zoo_run):
+    run, data = zoo_run, zoo_run.data
     mask = data.train_mask.clone()
-    if world_size > 1:
-        last = pyg_sar.load_partition(root, world_size - 1)
+    if run.world_size > 1:
+        last = pyg_sar.load_partition(run.root, run.world_size - 1)
         mask[last.orig_ids] = False
     expected = torch.tensor(loss_curve(data.x, data.edge_index,
                                        data.edge_attr, data.y, mask,
                                        int(mask.sum())))
-    for r in results:
-        torch.testing.assert_close(torch.tensor(r['curve']), expected,
-                                   rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f'loss curve: {m}')
-    for case in CASES:
-        for dtype in ((torch.float32, torch.float64) if case in FLOAT64
-                      else (torch.float32, )):
-            module, style = build(case, dist=False)
-            ref_out, ref_gx, ref_gp = evaluate(
-                module, style, data.x, data.edge_index, data,
-                torch.arange(data.num_nodes), data.num_nodes, dtype)
-            for mode in MODES:
-                for chunk in (None, CHUNK):
-                    key = (mode, chunk, case, dtype)
-                    what = f'{case} {dtype} mode={mode} chunk={chunk} ' \
-                           f'world={world_size}'
-                    out = torch.cat([r[key][0] for r in results])
-                    assert_close(out, ref_out[ids], f'{what} output', dtype)
-                    gx = torch.cat([r[key][1] for r in results])
-                    assert_close(gx, ref_gx[ids], f'{what} dL/dx', dtype)
-                    for name, ref in ref_gp.items():
-                        if ref is None:
-                            continue
-                        total = sum(r[key][2][name] for r in results)
-                        assert_close(total, ref, f'{what} dL/d{name}', dtype)
+    report([line for rank, r in enumerate(run.results)
+            for line in close(torch.tensor(r['curve']), expected,
+                              FLOAT32,
+                              f'world={run.world_size} loss curve on rank '
+                              f'{rank}')])
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_layer_equals_single_process(zoo_run, case):
+    run, data = zoo_run, zoo_run.data
+    failures = []
+    for dtype in dtypes(case):
+        module, style = build(case, dist=False)
+        ref = evaluate(module, style, data.x, data.edge_index, data,
+                       torch.arange(data.num_nodes), data.num_nodes, dtype)
+        for mode in MODES:
+            for chunk in (None, CHUNK):
+                failures += mismatches(
+                    f'{case} {dtype} mode={mode} chunk={chunk} '
+                    f'world={run.world_size}', run.ids,
+                    [r[(mode, chunk, case, dtype)] for r in run.results],
+                    ref, BY_DTYPE[dtype], none_grads='skip')
+    report(failures)

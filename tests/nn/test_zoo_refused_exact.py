@@ -9,9 +9,11 @@ mode with given negatives gives PyG's attention loss (summed over workers),
 and with random sampling it is refused by name; EGConv's self loops follow
 PyG's inferred node count when the last nodes are isolated.
 
-One spawn per world size runs every case; the parent compares.
+One spawn per world size runs every case, in a module-scoped fixture; the
+parent compares, one test per layer.
 """
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,8 +22,9 @@ from torch_geometric.data import HeteroData
 
 import pyg_sar
 from _dist import run_workers
+from _exact import BY_DTYPE, close, mismatches, report
 from _graphs import hard_graph
-from tests.nn.test_zoo_exact import C, CHUNK, MODES, assert_close, mlp, probe
+from tests.nn.test_zoo_exact import C, CHUNK, MODES, mlp, probe
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -223,30 +226,28 @@ def refusals(part, graph, sgraph):
     return said
 
 
-def compare(results, case, ref, world_size, ids_key, runs=None):
+def compare(run, case, ref, ids_key, runs=None):
     """Outputs, dL/dx and the sum over ranks of every parameter gradient of
-    ``case`` against ``ref`` (per dtype), for every ``(mode, chunk)``."""
-    ids = torch.cat([r[ids_key] for r in results])
+    ``case`` against ``ref`` (per dtype), for every ``(mode, chunk)``: one
+    line per mismatch."""
+    ids = [r[ids_key] for r in run.results]
     runs = runs or [(m, c) for m in MODES for c in (None, CHUNK)]
-    for dtype, (ref_out, ref_gx, ref_gp) in ref.items():
+    failures = []
+    for dtype, expected in ref.items():
         for mode, chunk in runs:
             key = (mode, chunk, case, dtype)
-            what = (f'{case} {dtype} mode={mode} chunk={chunk} '
-                    f'world={world_size}')
-            out = torch.cat([r[key][0] for r in results])
-            assert_close(out, ref_out[ids], f'{what} output', dtype)
-            gx = torch.cat([r[key][1] for r in results])
-            assert_close(gx, ref_gx[ids], f'{what} dL/dx', dtype)
-            assert set(results[0][key][2]) == set(ref_gp)
-            for name, grad in ref_gp.items():
-                if grad is None:
-                    continue
-                total = sum(r[key][2][name] for r in results)
-                assert_close(total, grad, f'{what} dL/d{name}', dtype)
+            failures += mismatches(
+                f'{case} {dtype} mode={mode} chunk={chunk} '
+                f'world={run.world_size}', ids,
+                [r[key] for r in run.results], expected, BY_DTYPE[dtype],
+                none_grads='skip')
+    return failures
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
-def test_refused_layers_equal_single_process(world_size, tmp_path):
+@pytest.fixture(scope='module', params=[1, 2, 3, 4])
+def refused_run(request, tmp_path_factory):
+    world_size = request.param
+    tmp_path = tmp_path_factory.mktemp('refused')
     data = hard_graph()
     signed = signed_data(data)
     root, signed_root = str(tmp_path / 'parts'), str(tmp_path / 'signed')
@@ -257,44 +258,67 @@ def test_refused_layers_equal_single_process(world_size, tmp_path):
     pyg_sar.partition_graph(top, world_size, top_root)
     results = run_workers(_worker, world_size, root, signed_root, top_root,
                           timeout_s=240)
+    return SimpleNamespace(world_size=world_size, data=data, signed=signed,
+                           top=top, results=results)
+
+
+def test_egconv_self_loops_follow_pyg_node_count(refused_run):
+    top = refused_run.top
     ref = {torch.float64: evaluate(
         'EGConv_all', build('EGConv_all', False), top.x, top.edge_index,
         top.edge_weight, top.edge_attr, torch.arange(top.num_nodes),
         top.num_nodes, torch.float64)}
-    compare(results, 'top', ref, world_size, 'top_ids', [('sar', None)])
+    report(compare(refused_run, 'top', ref, 'top_ids', [('sar', None)]))
+
+
+@pytest.mark.parametrize('case', list(ZOO) + list(SIGNED))
+def test_layer_equals_single_process(refused_run, case):
+    data = refused_run.data
     n = data.num_nodes
-    every = torch.arange(n)
-    for case in ZOO:
-        ref = {dtype: evaluate(case, build(case, False), data.x,
-                               data.edge_index, data.edge_weight,
-                               data.edge_attr, every, n, dtype)
-               for dtype in dtypes(case)}
-        compare(results, case, ref, world_size, 'ids')
-    pair = (signed[POS].edge_index, signed[NEG].edge_index)
-    for case in SIGNED:
-        ref = {dtype: evaluate(case, build(case, False), data.x, pair,
-                               data.edge_weight, data.edge_attr, every, n,
-                               dtype)
-               for dtype in dtypes(case)}
-        compare(results, case, ref, world_size, 'signed_ids')
+    if case in SIGNED:
+        signed = refused_run.signed
+        graph = (signed[POS].edge_index, signed[NEG].edge_index)
+        ids_key = 'signed_ids'
+    else:
+        graph, ids_key = data.edge_index, 'ids'
+    ref = {dtype: evaluate(case, build(case, False), data.x, graph,
+                           data.edge_weight, data.edge_attr, torch.arange(n),
+                           n, dtype)
+           for dtype in dtypes(case)}
+    report(compare(refused_run, case, ref, ids_key))
+
+
+def test_wl_conv_colors_and_table_equal_pyg(refused_run):
     # WLConv: the same colors and the same table on every worker.
+    data, results = refused_run.data, refused_run.results
     ids = torch.cat([r['ids'] for r in results])
     ref_colors, ref_table = wl_run(data.x, data.edge_index)
     got = torch.cat([r['wl'][0] for r in results], 1)
     assert torch.equal(got, ref_colors[:, ids])
     for r in results:
         assert r['wl'][1] == ref_table
-    neg = negatives(n)
-    for att in ('MX', 'SD'):
-        case = f'supergat_train_{att}'
-        ref = supergat_train(att, data.x, data.edge_index, neg, every, n)
-        compare(results, case, {torch.float64: ref[:3]}, world_size, 'ids',
-                [('sar', CHUNK), ('one_shot', None)])
-        for key in (('sar', CHUNK), ('one_shot', None)):
-            total = sum(r[(*key, case, torch.float64)][3] for r in results)
-            assert_close(total, ref[3], f'{case} {key} attention loss',
-                         torch.float64)
-    for r in results:
+
+
+@pytest.mark.parametrize('att', ['MX', 'SD'])
+def test_supergat_training_equals_single_process(refused_run, att):
+    data, results = refused_run.data, refused_run.results
+    n = data.num_nodes
+    case = f'supergat_train_{att}'
+    runs = [('sar', CHUNK), ('one_shot', None)]
+    ref = supergat_train(att, data.x, data.edge_index, negatives(n),
+                         torch.arange(n), n)
+    failures = compare(refused_run, case, {torch.float64: ref[:3]}, 'ids',
+                       runs)
+    for key in runs:
+        total = sum(r[(*key, case, torch.float64)][3] for r in results)
+        failures += close(total, ref[3], BY_DTYPE[torch.float64],
+                          f'{case} {key} world={refused_run.world_size} '
+                          f'attention loss')
+    report(failures)
+
+
+def test_refusals_name_the_layer(refused_run):
+    for r in refused_run.results:
         for name, message in r['refusals'].items():
             assert message is not None and message.startswith(name), name
             assert '\n' not in message
