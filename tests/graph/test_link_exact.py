@@ -18,12 +18,15 @@ from torch_geometric.utils import negative_sampling
 import pyg_sar
 from pyg_sar import comm, link
 from _dist import run_workers
+from _exact import FLOAT32, Tol, assemble, close, report
 from _graphs import hard_graph
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
 
 EPOCHS = 4
+# The feature gradient and the (all-reduced) parameter gradients.
+GRADS = Tol(rtol=1e-4, atol=1e-6)
 
 
 class Encoder(torch.nn.Module):
@@ -109,22 +112,28 @@ def _distributed(rank, world_size, root, label_index, force_undirected,
 
 
 def _compare(reference, per_rank, num_nodes):
+    failures = []
+    ids = [history[0]['orig_ids'] for history in per_rank]
     for epoch, expected in enumerate(reference):
-        z = torch.zeros_like(expected['z'])
-        x_grad = torch.zeros_like(expected['x_grad'])
-        for history in per_rank:
-            got = history[epoch]
-            assert torch.equal(got['neg'], expected['neg']), epoch
-            assert got['loss'] == pytest.approx(expected['loss'], rel=1e-5,
-                                                abs=1e-6), epoch
+        got = [history[epoch] for history in per_rank]
+        for rank, g in enumerate(got):
+            where = f'epoch {epoch} rank {rank}'
+            if not torch.equal(g['neg'], expected['neg']):
+                failures.append(f'{where}: other negatives than PyG')
+            if g['loss'] != pytest.approx(expected['loss'], rel=1e-5,
+                                          abs=1e-6):
+                failures.append(f'{where}: loss {g["loss"]} != PyG '
+                                f'{expected["loss"]}')
+            # Every rank holds the all-reduced gradients.
             for name, grad in expected['grads'].items():
-                torch.testing.assert_close(got['grads'][name], grad,
-                                           rtol=1e-4, atol=1e-6)
-            z[got['orig_ids']] = got['z']
-            x_grad[got['orig_ids']] = got['x_grad']
-        torch.testing.assert_close(z, expected['z'], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(x_grad, expected['x_grad'], rtol=1e-4,
-                                   atol=1e-6)
+                failures += close(g['grads'][name], grad, GRADS,
+                                  f'{where} dL/d{name}')
+        failures += close(assemble(ids, [g['z'] for g in got], num_nodes),
+                          expected['z'], FLOAT32, f'epoch {epoch} z')
+        failures += close(assemble(ids, [g['x_grad'] for g in got],
+                                   num_nodes), expected['x_grad'], GRADS,
+                          f'epoch {epoch} dL/dx')
+    report(failures)
 
 
 def _positive_labels(data, count, seed=1):
@@ -202,7 +211,6 @@ def test_fetch_nodes_and_global_ids(tmp_path):
         assert len(errors) == 2, errors
         assert all('are not nodes of the partitioned graph' in e
                    for e in errors), errors
-    x_grad = torch.zeros_like(data.x)
-    for *_, grad, orig_ids, _ in results:
-        x_grad[orig_ids] = grad
+    x_grad = assemble([r[4] for r in results], [r[3] for r in results],
+                      data.num_nodes)
     torch.testing.assert_close(x_grad, expected_grad)

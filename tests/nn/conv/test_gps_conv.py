@@ -6,8 +6,11 @@ backward) and performer (global kernel sums) attention, with and without a
 not, every graph mode, float64 once; attention dropout in training is
 refused by name.
 
-One spawn per world size runs every case; the parent compares.
+One spawn per world size runs every case, in a module-scoped fixture; the
+parent compares, one test per case.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -15,6 +18,7 @@ import torch_geometric.nn as pyg_nn
 import pyg_sar
 import pyg_sar.nn.engine.global_attention as ga
 from _dist import run_workers
+from _exact import BY_DTYPE, FLOAT32, close, mismatches, report
 from _graphs import hard_graph
 
 # Many multi-process runs: deselect with -m "not slow".
@@ -127,8 +131,7 @@ def _worker(rank, world_size, root, x, probe, batch):
             for case in CASES:
                 if mode != 'sar' and case not in ALL_MODES:
                     continue
-                for dtype in ((torch.float32, torch.float64)
-                              if case in FLOAT64 else (torch.float32, )):
+                for dtype in dtypes(case):
                     model = pyg_sar.nn.to_distributed(build(case))
                     assert isinstance(model, pyg_sar.nn.GPSConv)
                     flash = ga._FLASH
@@ -151,53 +154,58 @@ def _worker(rank, world_size, root, x, probe, batch):
     return results
 
 
-def assert_close(actual, expected, what, dtype):
-    tol = 1e-4 if dtype == torch.float32 else 1e-10
-    scale = expected.abs().max().clamp(min=1.0)
-    torch.testing.assert_close(actual / scale, expected / scale, rtol=tol,
-                               atol=tol, msg=lambda m: f'{what}: {m}')
+def dtypes(case):
+    return ((torch.float32, torch.float64) if case in FLOAT64
+            else (torch.float32, ))
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
-def test_gps_equals_single_process(world_size, tmp_path):
+@pytest.fixture(scope='module', params=[1, 2, 3, 4])
+def gps_run(request, tmp_path_factory):
+    world_size = request.param
     data = hard_graph()
-    root = str(tmp_path / 'parts')
+    root = str(tmp_path_factory.mktemp('parts'))
     pyg_sar.partition_graph(data, world_size, root)
     x, probe, batch = inputs(data.num_nodes)
     results = run_workers(_worker, world_size, root, x, probe, batch,
                           timeout_s=240)
-    ids = torch.cat([r['ids'] for r in results])
-    for r in results:
+    return SimpleNamespace(world_size=world_size, data=data, x=x,
+                           probe=probe, batch=batch, results=results,
+                           ids=[r['ids'] for r in results])
+
+
+def test_attention_dropout_in_training_is_refused(gps_run):
+    for r in gps_run.results:
         assert 'attention dropout 0.1' in r['refusal']
-    for case in CURVES:
-        expected = torch.tensor(loss_curve(case, x, data.edge_index, batch,
-                                           labels(x), x.shape[0]))
-        for r in results:
-            torch.testing.assert_close(
-                torch.tensor(r[('curve', case)]), expected, rtol=1e-4,
-                atol=1e-5, msg=lambda m: f'{case} loss curve: {m}')
-    for case in CASES:
-        for dtype in ((torch.float32, torch.float64) if case in FLOAT64
-                      else (torch.float32, )):
-            ref_out, ref_gx, ref_gp = evaluate(
-                build(case), x, data.edge_index,
-                batch if case in BATCHED else None, probe, dtype)
-            for mode in MODES:
-                for chunk in (None, CHUNK):
-                    key = (mode, chunk, case, dtype)
-                    if key not in results[0]:
-                        continue
-                    what = f'{case} {dtype} mode={mode} chunk={chunk} ' \
-                           f'world={world_size}'
-                    out = torch.cat([r[key][0] for r in results])
-                    assert_close(out, ref_out[ids], f'{what} output', dtype)
-                    gx = torch.cat([r[key][1] for r in results])
-                    assert_close(gx, ref_gx[ids], f'{what} dL/dx', dtype)
-                    for name, ref in ref_gp.items():
-                        if ref is None:
-                            continue
-                        total = sum(r[key][2][name] for r in results)
-                        assert_close(total, ref, f'{what} dL/d{name}', dtype)
+
+
+@pytest.mark.parametrize('case', CURVES)
+def test_loss_curve_equals_single_process(gps_run, case):
+    run = gps_run
+    expected = torch.tensor(loss_curve(case, run.x, run.data.edge_index,
+                                       run.batch, labels(run.x),
+                                       run.x.shape[0]))
+    report([line for rank, r in enumerate(run.results)
+            for line in close(torch.tensor(r[('curve', case)]), expected,
+                              FLOAT32, f'{case} world={run.world_size} '
+                              f'loss curve on rank {rank}')])
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_gps_equals_single_process(gps_run, case):
+    run = gps_run
+    failures = []
+    for dtype in dtypes(case):
+        ref = evaluate(build(case), run.x, run.data.edge_index,
+                       run.batch if case in BATCHED else None, run.probe,
+                       dtype)
+        for mode in MODES if case in ALL_MODES else ('sar', ):
+            for chunk in (None, CHUNK):
+                failures += mismatches(
+                    f'{case} {dtype} mode={mode} chunk={chunk} '
+                    f'world={run.world_size}', run.ids,
+                    [r[(mode, chunk, case, dtype)] for r in run.results],
+                    ref, BY_DTYPE[dtype], none_grads='skip')
+    report(failures)
 
 
 def test_state_dict_unchanged():
