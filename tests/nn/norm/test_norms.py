@@ -3,7 +3,9 @@ and parameter gradients, running statistics after two steps and eval
 outputs, for world sizes 1-3 with uneven (and empty) row splits; plus
 converters, state_dict round trips, ``allow_single_element`` and errors.
 
-One spawn per world size runs every case; the parent compares.
+One spawn per world size runs every case, in a module-scoped fixture; the
+parent compares, one test per case. The rows of a rank are a contiguous
+block of the input rows (SPLITS).
 """
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch_geometric.nn as pyg_nn
 import pyg_sar
 from pyg_sar.nn.norm import NORM_CONVERTERS
 from _dist import run_workers
+from _exact import Tol, assemble, close, mismatches, report
 
 N, C = 40, 6
 SPLITS = {1: [N], 2: [N - 3, 3], 3: [1, 0, N - 1]}
@@ -46,11 +49,11 @@ CASES = {
     'diff_group': (lambda: pyg_nn.DiffGroupNorm(C, 3, lamda=0.5),
                    torch.float32, 0.),
 }
-TOL = {torch.float32: dict(rtol=1e-4, atol=2e-5),
-       torch.float64: dict(rtol=1e-10, atol=1e-12),
+TOL = {torch.float32: Tol(rtol=1e-4, atol=2e-5),
+       torch.float64: Tol(rtol=1e-10, atol=1e-12),
        # x ~ 1000 carries float32 rounding of 6e-5 (both sides); the old
        # E[x^2] - E[x]^2 variance was off by 0.66 here.
-       'offset': dict(rtol=5e-4, atol=1e-4)}
+       'offset': Tol(rtol=5e-4, atol=1e-4)}
 
 
 def build(name, distributed):
@@ -131,32 +134,48 @@ def build_single(allow):
     return NORM_CONVERTERS[pyg_nn.BatchNorm](stock)
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
-def test_norms_match_single_process(world_size):
-    results = run_workers(_worker, world_size, timeout_s=60)
-    for name, (_, dtype, offset) in CASES.items():
-        tol = TOL['offset' if offset else dtype]
-        x, probe = inputs(name)
-        out, x_grad, grads, state, out_eval = run_case(
-            build(name, False), x, probe)
-        got = [r[name] for r in results]
+@pytest.fixture(scope='module', params=[1, 2, 3])
+def norms_run(request):
+    world_size = request.param
+    return world_size, run_workers(_worker, world_size, timeout_s=60)
 
-        def close(actual, expected, what):
-            torch.testing.assert_close(
-                actual, expected, **tol,
-                msg=lambda m: f'{name} {what} (world {world_size}): {m}')
-        close(torch.cat([g[0] for g in got]), out, 'output')
-        close(torch.cat([g[1] for g in got]), x_grad, 'dL/dx')
-        assert all(g[2].keys() == grads.keys() for g in got)
-        for key, grad in grads.items():
-            close(sum(g[2][key] for g in got), grad, f'dL/d{key}')
-        for g in got:
-            assert g[3].keys() == state.keys()
-            for key, value in state.items():
-                close(g[3][key], value, f'state {key}')
-        close(torch.cat([g[4] for g in got]), out_eval, 'eval output')
-    if world_size > 1:
-        _check_single_element([r['single'] for r in results])
+
+def _ids(world_size):
+    """The input rows of every rank."""
+    sizes = SPLITS[world_size]
+    return [torch.arange(sum(sizes[:r]), sum(sizes[:r + 1]))
+            for r in range(world_size)]
+
+
+@pytest.mark.parametrize('name', list(CASES))
+def test_norm_matches_single_process(norms_run, name):
+    world_size, results = norms_run
+    _, dtype, offset = CASES[name]
+    tol = TOL['offset' if offset else dtype]
+    x, probe = inputs(name)
+    out, x_grad, grads, state, out_eval = run_case(build(name, False), x,
+                                                   probe)
+    got = [r[name] for r in results]
+    what = f'{name} (world {world_size})'
+    ids = _ids(world_size)
+    failures = mismatches(what, ids, [g[:3] for g in got],
+                          (out, x_grad, grads), tol)
+    for rank, g in enumerate(got):
+        if g[3].keys() != state.keys():
+            failures.append(f'{what}: rank {rank} has state '
+                            f'{sorted(g[3])}, PyG {sorted(state)}')
+            continue
+        for key, value in state.items():
+            failures += close(g[3][key], value, tol,
+                              f'{what} state {key} on rank {rank}')
+    failures += close(assemble(ids, [g[4] for g in got], N), out_eval, tol,
+                      f'{what} eval output')
+    report(failures)
+
+
+@pytest.mark.parametrize('norms_run', [2, 3], indirect=True)
+def test_batch_norm_over_one_or_two_nodes(norms_run):
+    _check_single_element([r['single'] for r in norms_run[1]])
 
 
 def _check_single_element(got):
@@ -208,7 +227,8 @@ def test_no_process_group_and_errors():
         got, expected = (run_case(build(name, dist), x, probe)
                          for dist in (True, False))
         for a, b in zip(got[:2], expected[:2]):
-            torch.testing.assert_close(a, b, **TOL['offset'])
+            torch.testing.assert_close(a, b, rtol=TOL['offset'].rtol,
+                                       atol=TOL['offset'].atol)
     # The old E[x^2] - E[x]^2 formula was off by 0.66 here.
     bn = build('bn_offset', True)
     ref = (x - x.double().mean(0)) / (x.double().var(0, False) + 1e-5).sqrt()
