@@ -15,6 +15,7 @@ from pyg_sar.nn import DistMessagePassing, convertible, to_distributed
 from pyg_sar.nn.adapter import DistAdapter
 from pyg_sar.nn.convert import REFUSAL_REASONS
 from _dist import run_workers
+from _exact import BY_DTYPE, mismatches
 from _graphs import hard_graph
 from tests.nn.test_zoo_exact import ZOO
 
@@ -308,7 +309,7 @@ def test_every_twin_aggregation_option_is_exact_or_refused(tmp_path):
     root = str(tmp_path / 'parts')
     pyg_sar.partition_graph(data, 2, root)
     results = run_workers(_aggr_worker, 2, root, to_run, timeout_s=300)
-    ids = torch.cat([r['ids'] for r in results])
+    ids = [r['ids'] for r in results]
     for layer, option in to_run:
         ref = _aggr_eval(_stock(layer, option), data.x, data.edge_index,
                          torch.arange(data.num_nodes), data.num_nodes)
@@ -319,15 +320,8 @@ def test_every_twin_aggregation_option_is_exact_or_refused(tmp_path):
                 bad.append(f'{mode}: ' + next(g for g in got
                                                if isinstance(g, str)))
                 continue
-            pairs = [('out', torch.cat([g[0] for g in got]), ref[0][ids]),
-                     ('dx', torch.cat([g[1] for g in got]), ref[1][ids])]
-            pairs += [(f'd{k}', sum(g[2][k] for g in got), v)
-                      for k, v in ref[2].items() if v is not None]
-            for what, a, b in pairs:
-                scale = b.abs().max().clamp(min=1.0)
-                if not torch.allclose(a / scale, b / scale, rtol=1e-4,
-                                      atol=1e-4):
-                    bad.append(f'{mode} {what}')
+            bad += mismatches(mode, ids, got, ref, BY_DTYPE[torch.float32],
+                              none_grads='skip')
         if bad:
             counts['neither'].append((layer, option, bad))
         else:
