@@ -354,7 +354,7 @@ def test_hetero_errors_are_clear(one_part):
          'duplicate'),
         (dict(input_nodes=(PAPER, torch.tensor([10**6]))), ValueError,
          'not owned by rank 0'),
-        # (the sampling options: tests/test_hetero_loader_parity.py)
+        # (the sampling options: tests/loader/test_hetero_loader_parity.py)
         (dict(input_nodes=PAPER, time_attr='t'), ValueError,
          "time_attr 't' is neither"),
         (dict(input_nodes=PAPER, weight_attr='w'), ValueError,

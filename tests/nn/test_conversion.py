@@ -23,13 +23,14 @@ from tests.nn.test_zoo_exact import ZOO
 # test_sar_exact.py, everything else in test_zoo_exact.py.
 TWINS = {pyg_nn.GCNConv, pyg_nn.SAGEConv, pyg_nn.GraphConv, pyg_nn.GINConv,
          pyg_nn.GATConv, pyg_nn.GATv2Conv}
-# Exactness tests: tests/test_rgcn_exact.py, tests/test_hetero_exact.py.
+# Exactness tests: tests/nn/conv/test_rgcn_conv.py,
+# tests/nn/test_hetero_exact.py.
 RELATIONAL = {pyg_nn.RGCNConv, pyg_nn.FastRGCNConv, pyg_nn.HGTConv,
               pyg_nn.HeteroConv,
-              # tests/test_hetero_zoo_exact.py
+              # tests/nn/test_hetero_zoo_exact.py
               pyg_nn.RGATConv, pyg_nn.HEATConv, pyg_nn.HANConv}
-GLOBAL = {pyg_nn.GPSConv}  # tests/test_gps_exact.py
-# tests/test_zoo_refused_exact.py
+GLOBAL = {pyg_nn.GPSConv}  # tests/nn/conv/test_gps_conv.py
+# tests/nn/test_zoo_refused_exact.py
 ONCE_REFUSED = {pyg_nn.EGConv, pyg_nn.PDNConv, pyg_nn.DNAConv,
                 pyg_nn.AntiSymmetricConv, pyg_nn.SignedConv, pyg_nn.WLConv,
                 pyg_nn.SuperGATConv}
@@ -210,8 +211,8 @@ AGGR_LAYERS = {
     'GraphSAGE': lambda kw: pyg_nn.GraphSAGE(6, 4, 2, **kw),
 }
 # Typed layers: their configurations are checked to convert to the twin
-# (exact: tests/test_rgcn_exact.py, tests/test_hetero_exact.py) or to be
-# refused; the others run here.
+# (exact: tests/nn/conv/test_rgcn_conv.py, tests/nn/test_hetero_exact.py)
+# or to be refused; the others run here.
 TYPED = {'RGCNConv', 'FastRGCNConv', 'HGTConv'}
 _AGGR_CHUNK = 19
 

@@ -380,8 +380,9 @@ def test_edge_mask_with_a_row_per_edge_is_an_edge_attribute(tmp_path):
 
 
 def test_featureless_graph_is_still_partitioned(tmp_path):
-    # Structure-only partitions are a feature (tests/test_partition.py
-    # partitions Physics without x); training needs x and says so.
+    # Structure-only partitions are a feature
+    # (tests/partition/test_partition.py partitions Physics without x);
+    # training needs x and says so.
     data = _graph(0)
     del data.x
     data.num_nodes = 40
