@@ -5,8 +5,8 @@ A 3-layer GraphSAGE (mean, hidden 256) and a 3-layer GAT (4 heads) train
 full batch on the synthetic graph; the loss reads only the labelled nodes. "full" runs every propagation
 on every node; "mfg" wraps the forward in ``graph.layer_wise(train_mask,
 hops=3)`` (outputs at the labelled nodes and all gradients are the same; see
-``tests/test_mfg.py``). Every configuration runs in fresh processes (torchrun,
-gloo on 127.0.0.1), one worker per part.
+``tests/graph/test_mfg.py``). Every configuration runs in fresh processes
+(torchrun, gloo on 127.0.0.1), one worker per part.
 
     python benchmarks/mfg.py            # 50k nodes, 1M edges, N = 1, 2
     python benchmarks/mfg.py --quick    # small smoke test

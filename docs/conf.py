@@ -46,8 +46,8 @@ exclude_patterns = ['_build', 'Thumbs.db', '.DS_Store']
 templates_path = []
 nitpicky = False
 # The docs build offline: nothing is fetched (no intersphinx mapping) and
-# ``linkcheck`` leaves external links alone; tests/test_docs.py checks every
-# internal link of the built HTML instead.
+# ``linkcheck`` leaves external links alone; tests/docs/test_docs.py checks
+# every internal link of the built HTML instead.
 linkcheck_ignore = [r'https?://.*']
 
 # -- autodoc / autosummary / napoleon ----------------------------------------

@@ -1,6 +1,7 @@
 import os
 import os.path as osp
 import shutil
+import sys
 
 # Sleeping OpenMP threads, as ``import pyg_sar`` sets them before torch
 # loads (pyg_sar/utils/openmp.py); test modules import torch first.
@@ -8,11 +9,19 @@ os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
 import pytest
 
+# The shared helpers next to this file (_dist, _graphs, _hetero, _exact) are
+# imported by their short names from every folder, and by the workers that
+# run_workers spawns (they inherit sys.path). Appended, not prepended: the
+# stage folders here (datasets, nn, ...) are packages, and must never hide
+# an installed module of the same name.
+TESTS = osp.dirname(osp.abspath(__file__))
+if TESTS not in sys.path:
+    sys.path.append(TESTS)
+
 # Real datasets live next to the repository, never inside it.
 SHARED_DATA = os.environ.get(
     'PYG_SAR_SHARED_DATA',
-    osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), '..', 'shared',
-             'data'))
+    osp.join(osp.dirname(TESTS), '..', 'shared', 'data'))
 
 
 @pytest.fixture(scope='session')

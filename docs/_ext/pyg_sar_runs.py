@@ -65,7 +65,7 @@ class OutputDirective(SphinxDirective):
         text = '\n'.join(run[k - 1][1])
         block = nodes.literal_block(text, text, language='text')
         self.set_source_info(block)
-        caption = 'Printed (recorded by tests/test_quickstart.py)'
+        caption = 'Printed (recorded by tests/examples/test_quickstart.py)'
         return [container_wrapper(self, block, caption)]
 
 

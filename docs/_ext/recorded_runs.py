@@ -4,7 +4,7 @@ A page names a run with ``.. pyg-sar-run:: NAME`` followed by its commands
 (one per line; a trailing backslash continues a line) and shows what they
 printed with ``.. pyg-sar-output:: NAME`` (``pyg_sar_runs.py``). The output
 is recorded in ``docs/_generated/NAME.txt`` by running the commands as a
-user does (``tests/test_quickstart.py``, with ``PYG_SAR_RECORD_RUNS=1``), and
+user does (``tests/examples/test_quickstart.py``, with ``PYG_SAR_RECORD_RUNS=1``), and
 the same tests run them again and compare (:func:`differences`), so a page
 cannot show output the command no longer prints.
 
@@ -21,7 +21,7 @@ from typing import Dict, List, Tuple
 DOCS = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RECORDINGS = osp.join(DOCS, '_generated')
 RECORD_ENV = 'PYG_SAR_RECORD_RUNS'
-HOW_TO_RECORD = (f'{RECORD_ENV}=1 python -m pytest tests/test_quickstart.py '
+HOW_TO_RECORD = (f'{RECORD_ENV}=1 python -m pytest tests/examples/test_quickstart.py '
                  f'-k test_documented_run')
 
 _DIRECTIVE = re.compile(r'^\.\. pyg-sar-run:: *(\S+) *\n'

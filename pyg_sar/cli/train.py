@@ -7,7 +7,7 @@ import os
 from pyg_sar.cli.registry import register_command
 
 # The models of :func:`pyg_sar.train.train` (kept here so that building the
-# parser imports no torch; tests/test_trust_checkpoint.py checks that the two
+# parser imports no torch; tests/train/test_trust_checkpoint.py checks that the two
 # are equal).
 MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
 

@@ -126,7 +126,7 @@ _MP_HOOKS = ('_propagate_forward_pre_hooks', '_propagate_forward_hooks',
              '_forward_hooks', '_forward_pre_hooks', '_backward_hooks')
 
 # Layers whose own forward is exact over whole neighborhoods (each one has
-# an exactness test in tests/test_zoo_exact.py).
+# an exactness test in tests/nn/test_zoo_exact.py).
 ADAPTED = (
     pyg_nn.GINEConv, pyg_nn.TransformerConv, pyg_nn.EdgeConv,
     pyg_nn.ResGatedGraphConv, pyg_nn.GENConv, pyg_nn.PNAConv,
@@ -135,7 +135,7 @@ ADAPTED = (
     pyg_nn.MFConv, pyg_nn.FiLMConv, pyg_nn.GatedGraphConv, pyg_nn.GMMConv,
     pyg_nn.ChebConv, pyg_nn.PointNetConv, pyg_nn.PPFConv,
     pyg_nn.PointTransformerConv, pyg_nn.PointGNNConv, pyg_nn.WLConvContinuous,
-    pyg_nn.RGATConv, pyg_nn.HEATConv,  # tests/test_hetero_zoo_exact.py
+    pyg_nn.RGATConv, pyg_nn.HEATConv,  # tests/nn/test_hetero_zoo_exact.py
 )
 
 

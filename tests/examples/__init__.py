@@ -1,0 +1,2 @@
+"""Tests of the examples (``examples/``) and of the PyG idioms the
+tutorials show."""
