@@ -405,3 +405,25 @@ def test_no_all_holds_a_private_name():
                if name.startswith('_') and not
                (name.startswith('__') and name.endswith('__'))]
     assert not private, f'private names in __all__: {private}'
+
+
+# One layer per file: the convolutions' folder may hold many.
+MANY_MODULES_ALLOWED = {osp.join(ROOT, 'nn', 'conv')}
+
+
+def test_small_folders_and_modules():
+    crowded, long = [], []
+    for folder, _, files in os.walk(ROOT):
+        modules = [n for n in files if n.endswith('.py') and
+                   n != '__init__.py']
+        if len(modules) > 12 and folder not in MANY_MODULES_ALLOWED:
+            crowded.append(f'{osp.relpath(folder, ROOT)} ({len(modules)})')
+        for name in files:
+            if name.endswith('.py'):
+                with open(osp.join(folder, name)) as f:
+                    lines = sum(1 for _ in f)
+                if lines > 600:
+                    long.append(f'{osp.relpath(osp.join(folder, name), ROOT)}'
+                                f' ({lines} lines)')
+    assert not crowded, f'folders over 12 modules: {crowded}'
+    assert not long, f'modules over 600 lines: {long}'

@@ -20,9 +20,8 @@ Layout:
 - :mod:`~pyg_sar.comm.state`: :class:`CommConfig`, :func:`configure`,
   :func:`config` and the counters of :func:`comm_stats`.
 - :mod:`~pyg_sar.comm.errors`: :class:`PeerError`,
-  :class:`SettingsMismatchError` and the timed wait.
-- :mod:`~pyg_sar.comm.launcher`: what torchrun reports when a worker
-  fails (the failing rank first).
+  :class:`SettingsMismatchError`, the timed wait, and what torchrun
+  reports when a worker fails (the failing rank first).
 - :mod:`~pyg_sar.comm.process_group`: :func:`init_distributed`,
   :func:`get_rank`, :func:`get_world_size`, :func:`find_free_port`; the
   groups are destroyed at interpreter exit when :func:`shutdown` was not
@@ -60,8 +59,7 @@ from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       barrier, broadcast_, global_count,
                                       global_sum, shutdown)
 from pyg_sar.comm.errors import (PeerError, SettingsMismatchError,
-                                 report_failure)
-from pyg_sar.comm.launcher import install_failure_hook
+                                 install_failure_hook, report_failure)
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
 from pyg_sar.comm.process_group import (after_init, find_free_port, get_rank,
                                         get_world_size, init_distributed)
@@ -70,7 +68,7 @@ from pyg_sar.comm.state import (CommConfig, comm_stats, config, configure,
                                 reset_comm_stats)
 
 # Under a launcher, this worker's uncaught error is recorded for torchrun and
-# its peers once it has joined a process group (pyg_sar.comm.launcher).
+# its peers once it has joined a process group (pyg_sar.comm.errors).
 after_init(install_failure_hook)
 
 __all__ = [

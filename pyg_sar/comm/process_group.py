@@ -34,7 +34,7 @@ def init_distributed(
     ``python script.py``) it runs as a single worker with no process group.
     ``timeout`` bounds every collective wait of the package. Under a
     process group, an uncaught error of this worker is recorded for the
-    launcher (:mod:`pyg_sar.comm.launcher`): torchrun then names this rank
+    launcher (:mod:`pyg_sar.comm.errors`): torchrun then names this rank
     as the root cause rather than a peer that only saw it die.
 
     ``backend=None`` picks it from where the worker's tensors live
@@ -85,13 +85,13 @@ def init_distributed(
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timeout, store=_restart_store(timeout))
     _destroy_groups_at_exit()
-    for joined in _AFTER_INIT:  # (pyg_sar.comm.launcher's failure hook)
+    for joined in _AFTER_INIT:  # (pyg_sar.comm.errors' failure hook)
         joined()
     return rank, world_size
 
 
 # What runs once this worker has joined a process group: registered by the
-# package (comm/__init__.py registers launcher's hook), so this module
+# package (comm/__init__.py registers the failure hook), so this module
 # imports none of them.
 _AFTER_INIT: List[Callable[[], None]] = []
 

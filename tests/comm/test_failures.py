@@ -338,7 +338,7 @@ def test_a_peer_error_is_recorded_after_the_failure_it_observed(tmp_path):
     # backdated below torchrun's one-second resolution; a PeerError is not.
     import json
     from pyg_sar.comm.errors import PeerError
-    from pyg_sar.comm.launcher import record_failure
+    from pyg_sar.comm.errors import record_failure
     own = record_failure(ValueError('bad input'),
                          path=str(tmp_path / 'own.json'))
     seen = record_failure(PeerError('rank 0: rank 1 died'),
