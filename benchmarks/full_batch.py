@@ -146,6 +146,11 @@ def summarize(name: str, code: str, results: List[dict]) -> dict:
         halo_bound_mib=(sum(r['halo_bound_mib'] for r in results)
                         if all(r.get('halo_bound_mib') for r in results)
                         else None),
+        # ... and what the engine fetches again by design (recomputed
+        # aggregates; full_batch_worker.halo_refetch_bytes).
+        halo_refetch_mib=(sum(r['halo_refetch_mib'] for r in results)
+                          if all(r.get('halo_refetch_mib') is not None
+                                 for r in results) else None),
         floor_mib=max(r['floor_mib'] for r in results),
         # The compute floor of the slowest worker's shapes (floor.py), and
         # the profiled epoch's breakdown of that worker.

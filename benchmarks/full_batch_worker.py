@@ -126,6 +126,22 @@ def halo_bound_bytes(graph, model: str, dims: List[dict]) -> Optional[int]:
     return total
 
 
+def halo_refetch_bytes(graph, model: str, dims: List[dict]) -> int:
+    """Halo bytes the engine fetches again in backward by design, beyond
+    :func:`halo_bound_bytes`: SAGE's widening first layer recomputes its
+    aggregate instead of keeping it (``linear_of_aggregate``: the input
+    features' rows are fetched once more, one node-sized tensor less held
+    through the epoch); GAT's ``"sar"`` mode fetches every layer's rows
+    again (``0`` in the other modes and for the other models)."""
+    total = 0
+    for layer, d in enumerate(dims):
+        if model == 'gat' and graph.mode == 'sar':
+            total += graph.halo_bytes(d['heads'] * d['channels'] + d['heads'])
+        elif model == 'sage' and layer == 0 and d['inp'] < d['out']:
+            total += graph.halo_bytes(d['inp'])
+    return total
+
+
 # Probes ######################################################################
 
 class _Peak:
@@ -277,9 +293,13 @@ def run_worker(args) -> None:
         dims = layer_dims(args.model, part.x.size(1), args.hidden,
                           num_classes, args.layers, args.heads)
         bound = halo_bound_bytes(graph, args.model, dims)
+        refetch = halo_refetch_bytes(graph, args.model, dims) if bound \
+            else None
         info.update(local_edges=graph.num_edges,
                     halo_nodes=graph.num_halo_nodes,
-                    halo_bound_mib=bound / 2**20 if bound else None)
+                    halo_bound_mib=bound / 2**20 if bound else None,
+                    halo_refetch_mib=(refetch / 2**20 if refetch is not None
+                                      else None))
     model.train()
     times, epoch_peaks, cpu, sys_cpu, faults = [], [], [], [], []
     befores, files, files0 = [], [], status_mib('RssFile')
