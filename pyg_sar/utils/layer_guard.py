@@ -23,6 +23,11 @@ _GUARDED: 'weakref.WeakSet[torch.nn.Module]' = weakref.WeakSet()
 
 def _refuse_unconverted(module: Any, args: Tuple,
                         kwargs: Dict[str, Any]) -> None:
+    if getattr(module, 'accepts_dist_graph', False):
+        # Converted since it was guarded: to_distributed of a model given
+        # to sync_params first keeps the module, hook included, and swaps
+        # its class.
+        return
     for arg in list(args) + list(kwargs.values()):
         if getattr(arg, 'is_dist_graph', False) is True:
             raise TypeError(
