@@ -79,6 +79,28 @@ def ensure_partition(args, world_size: int) -> str:
     return parts
 
 
+def train_epoch(model: torch.nn.Module, loader: DistNeighborLoader,
+                optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """One pass over the loader's batches, one optimizer step each; returns
+    the summed loss, correct predictions and seeds of all ranks."""
+    model.train()
+    totals = torch.zeros(3, dtype=torch.float64)  # loss, correct, seeds
+    for batch in loader:
+        optimizer.zero_grad()
+        out = model(batch.x, batch.edge_index)[:batch.batch_size]
+        target = batch.y[:batch.batch_size]
+        loss_sum = F.cross_entropy(out, target, reduction='sum')
+        # local_sum / global_count: the summed gradients equal those of
+        # the mean loss over the whole global batch.
+        (loss_sum / max(comm.global_count(batch.batch_size), 1)).backward()
+        pyg_sar.all_reduce_grads(model)
+        optimizer.step()
+        totals += torch.tensor([float(loss_sum.detach()),
+                                float((out.argmax(-1) == target).sum()),
+                                batch.batch_size], dtype=torch.float64)
+    return comm.all_reduce(totals, 'sum')
+
+
 @torch.no_grad()
 def full_graph_accuracy(model: torch.nn.Module, part) -> dict:
     """Accuracy of every mask over the whole graph, one full-batch pass."""
@@ -117,24 +139,8 @@ def main() -> None:
               f'epoch, fanouts {args.fanouts}', flush=True)
 
     for epoch in range(1, args.epochs + 1):
-        model.train()
         start = time.perf_counter()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss, correct, seeds
-        for batch in loader:
-            optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)[:batch.batch_size]
-            target = batch.y[:batch.batch_size]
-            loss_sum = F.cross_entropy(out, target, reduction='sum')
-            # local_sum / global_count: the summed gradients equal those of
-            # the mean loss over the whole global batch.
-            (loss_sum / max(comm.global_count(batch.batch_size), 1)
-             ).backward()
-            pyg_sar.all_reduce_grads(model)
-            optimizer.step()
-            totals += torch.tensor([float(loss_sum.detach()),
-                                    float((out.argmax(-1) == target).sum()),
-                                    batch.batch_size], dtype=torch.float64)
-        comm.all_reduce(totals, 'sum')
+        totals = train_epoch(model, loader, optimizer)
         if rank == 0:
             loss, acc = totals[0] / totals[2], totals[1] / totals[2]
             print(f'epoch {epoch:3d}  loss {loss:.4f}  sampled train acc '

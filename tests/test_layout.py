@@ -352,7 +352,7 @@ PUBLIC_API = {
         'RGCNConv', 'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
         'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
         'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv',
-        'WLConv', 'to_distributed', 'convertible'],
+        'WLConv', 'to_distributed', 'convertible', 'sign_features'],
     'pyg_sar.loader': [
         'DistNeighborLoader', 'DistHeteroNeighborLoader',
         'DistLinkNeighborLoader', 'DistHeteroLinkNeighborLoader',

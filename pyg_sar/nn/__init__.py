@@ -28,6 +28,7 @@ from pyg_sar.nn.conv import (AntiSymmetricConv, ChebConv, DNAConv, EGConv,
                              HANConv, HEATConv, PDNConv, RGATConv, SignedConv,
                              SuperGATConv, WLConv)
 from pyg_sar.nn.convert import convertible, to_distributed
+from pyg_sar.nn.sign import sign_features
 
 __all__ = [
     'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
@@ -36,5 +37,5 @@ __all__ = [
     'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
     'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
     'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv', 'WLConv',
-    'to_distributed', 'convertible'
+    'to_distributed', 'convertible', 'sign_features'
 ]

@@ -183,6 +183,25 @@ def _checkpoint_resume(outputs, folder) -> None:
         assert torch.equal(resumed[key], straight[key]), key
 
 
+def _sign_matches_one_process(outputs, folder) -> None:
+    out, = outputs
+    assert _number(r'max \|feature difference\| to '
+                   r'torch_geometric\.transforms\.SIGN: ([0-9.e+-]+)',
+                   out) < 1e-5, out
+    gap = _number(r'largest loss difference over \d+ epochs: ([0-9.e+-]+)',
+                  out)
+    assert gap < 1e-4, out
+    assert _number(r'test accuracy ([0-9.]+) \(2 workers', out) > 0.7, out
+
+
+def _appnp_matches_one_process(outputs, folder) -> None:
+    out, = outputs
+    gap = _number(r'largest loss difference over \d+ epochs: ([0-9.e+-]+)',
+                  out)
+    assert gap < 1e-4, out
+    assert _number(r'test accuracy ([0-9.]+) \(2 workers', out) > 0.75, out
+
+
 # What each documented run must show besides its recorded output.
 CHECKS: Dict[str, Callable] = {
     'quickstart': _quickstart,
@@ -194,6 +213,8 @@ CHECKS: Dict[str, Callable] = {
     'link_prediction_cora': _link_prediction_matches_one_process,
     'layer_wise_mfg': _layer_wise,
     'checkpoint_resume': _checkpoint_resume,
+    'sign_cora': _sign_matches_one_process,
+    'appnp_cora': _appnp_matches_one_process,
 }
 
 
