@@ -256,6 +256,9 @@ def test_every_stock_model_has_one_place():
                   cls in model_paths.MODELS_PER_NODE,
                   cls in model_paths.MODEL_REFUSALS]
         assert sum(places) == 1, (cls.__name__, places)
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    for cls, test in model_paths.MODELS_WITH_LAYERS_CONVERTED.items():
+        assert osp.isfile(osp.join(root, test)), (cls.__name__, test)
 
 
 def _refused_instances():
