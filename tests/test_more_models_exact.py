@@ -6,8 +6,8 @@ equal single-process PyG at world sizes 1-3 in every mode (and chunked):
   ``no_grad``) on the hard graph and on Cora: integer labels whose largest
   class lives on one rank only, masks and index masks, edge weights,
   ``post_step``, autoscale over a rank without training nodes;
-- ``DeepGCNLayer``, ``PMLP`` (train and eval), ``RECT_L`` and
-  ``GroupAddRev`` (outputs, input gradients, every parameter gradient).
+- ``DeepGCNLayer``, ``PMLP`` (train and eval), ``RECT_L``, ``GroupAddRev``
+  and ``LINKX`` (outputs, input gradients, every parameter gradient).
 
 Every other model of ``torch_geometric.nn.models.__all__`` is placed in
 :mod:`pyg_sar.nn.model_paths`, and the refused ones raise an error naming
@@ -123,6 +123,8 @@ MODELS = {
     'RECT_L': (lambda: models.RECT_L(C, 8), 'w'),
     'GroupAddRev': (lambda: models.GroupAddRev(
         pyg_nn.SAGEConv(C // 2, C // 2), num_groups=2), 'x'),
+    'LINKX': (lambda: models.LINKX(hard_graph().num_nodes, C, 8, 4, 2,
+                                   num_edge_layers=2), 'w'),
 }
 
 
@@ -250,7 +252,8 @@ def test_every_stock_model_has_one_place():
     from pyg_sar.nn import convert
     own = {c for c in convert._COMPOSITE
            if c.__module__.startswith('torch_geometric.nn.models')}
-    assert own == {models.LabelPropagation, models.CorrectAndSmooth}
+    assert own == {models.LabelPropagation, models.CorrectAndSmooth,
+                   models.linkx.SparseLinear}
     for cls in _model_classes():
         places = [cls in own, cls in model_paths.MODELS_WITH_LAYERS_CONVERTED,
                   cls in model_paths.MODELS_PER_NODE,
@@ -266,7 +269,6 @@ def _refused_instances():
     optional package)."""
     return {
         'LightGCN': lambda: models.LightGCN(20, 8, 2),
-        'LINKX': lambda: models.LINKX(20, C, 8, 4, 2),
         'SchNet': lambda: models.SchNet(hidden_channels=8, num_filters=8,
                                         num_interactions=1),
         'GAE': lambda: models.GAE(pyg_nn.GCNConv(C, 4)),
@@ -288,3 +290,13 @@ def test_refused_models_name_the_reason(name):
     message = str(info.value)
     assert '\n' not in message
     assert f'{name} at ' in message and reason in message, message
+
+
+def test_linkx_needs_the_whole_graphs_node_count(hard_part):
+    data, part = hard_part
+    model = pyg_sar.nn.to_distributed(
+        models.LINKX(data.num_nodes - 1, C, 8, 4, 2))
+    graph = pyg_sar.DistGraph(part)
+    with pytest.raises(ValueError, match=f'num_nodes={data.num_nodes - 1} '
+                       f'but the graph has {data.num_nodes} nodes'):
+        model(part.x, graph)

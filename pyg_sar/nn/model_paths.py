@@ -30,6 +30,7 @@ MODELS_WITH_LAYERS_CONVERTED = {
     pyg_models.PMLP: _MORE_EXACT,
     pyg_models.RECT_L: _MORE_EXACT,
     pyg_models.GroupAddRev: _MORE_EXACT,
+    pyg_models.LINKX: _MORE_EXACT,  # its SparseLinear: pyg_sar.nn.models
 }
 
 MODELS_PER_NODE = (
@@ -57,7 +58,6 @@ MODEL_REFUSALS = {
     pyg_models.Node2Vec: _WALKS,
     pyg_models.MetaPath2Vec: _WALKS,
     pyg_models.LightGCN: _EMBEDDING.format(''),
-    pyg_models.LINKX: _EMBEDDING.format(': its SparseLinear'),
     pyg_models.TGNMemory: ('keeps a memory row per node of a temporal '
                            'graph, updated from events'),
     pyg_models.RENet: ('a temporal knowledge-graph model over event '
