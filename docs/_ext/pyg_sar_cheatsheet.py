@@ -1,14 +1,15 @@
 """The conversion cheatsheet, generated from the conversion code.
 
-``.. pyg-sar-cheatsheet:: convolutions`` (or ``norms``, or ``torch``) renders
-one table row per class of ``torch_geometric.nn.conv.__all__`` (of
-``torch_geometric.nn.norm.__all__``; of the ``torch.nn`` modules that
-:func:`pyg_sar.nn.to_distributed` knows) with the path it takes in pyg_sar.
-The classification reads the same registries, in the same order, as
-``pyg_sar.nn.convert._convert_one`` (the private ``_TWINS`` and
-``_COMPOSITE`` included: they have no public view), so the table cannot
-drift from what ``to_distributed`` does; a class it cannot place stops the
-build.
+``.. pyg-sar-cheatsheet:: convolutions`` (or ``norms``, ``torch``, or
+``models``) renders one table row per class of
+``torch_geometric.nn.conv.__all__`` (of ``torch_geometric.nn.norm.__all__``;
+of the ``torch.nn`` modules that :func:`pyg_sar.nn.to_distributed` knows; of
+the classes of ``torch_geometric.nn.models.__all__``) with the path it takes
+in pyg_sar. The classification reads the same registries, in the same order,
+as ``pyg_sar.nn.convert._convert_one`` (the private ``_TWINS`` and
+``_COMPOSITE`` included: they have no public view), and for models the
+tables of :mod:`pyg_sar.nn.model_paths`, so the table cannot drift from what
+``to_distributed`` does; a class it cannot place stops the build.
 
 Prose takes its counts and lists of layers from the same classification,
 so no page states a number the code does not: ``:pyg-sar-count:`KEY```
@@ -26,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch_geometric.nn as pyg_nn
 import torch_geometric.nn.conv as pyg_conv
+import torch_geometric.nn.models as pyg_models
 import torch_geometric.nn.norm as pyg_norm
 from docutils import nodes
 from docutils.statemachine import StringList
@@ -35,8 +37,9 @@ from sphinx.util.docutils import SphinxDirective
 from sphinx.util.parsing import nested_parse_to_nodes
 
 import pyg_sar.nn.conv as sar_conv
+import pyg_sar.nn.models as sar_models
 import pyg_sar.nn.norm as sar_norm
-from pyg_sar.nn import convert
+from pyg_sar.nn import convert, model_paths
 from pyg_sar.nn.gcn_norm import NORMALIZED
 
 # The paths, in the order the tables sum them up.
@@ -59,6 +62,8 @@ GCN_NORM = "GCN normalization with the halo's degrees"
 EMPTY = '\u2014'  # an em dash, in a cell with nothing to say
 
 CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
+MODEL_CLASSES = [getattr(pyg_models, name) for name in pyg_models.__all__
+                 if inspect.isclass(getattr(pyg_models, name))]
 
 PYG_DOCS = 'https://pytorch-geometric.readthedocs.io/en/latest/generated'
 TORCH_DOCS = 'https://docs.pytorch.org/docs/stable/generated'
@@ -154,7 +159,31 @@ def classify(stock: type) -> Row:
     return Row(stock, AS_IS)
 
 
+def classify_model(stock: type) -> Row:
+    """The path ``to_distributed`` takes for a model of
+    ``torch_geometric.nn.models``: a distributed class of its own, a
+    refusal, its layers converted, or unchanged (per node), from the
+    registries of :mod:`pyg_sar.nn.convert` and :mod:`pyg_sar.nn.model_paths`.
+    """
+    if stock in convert._COMPOSITE:
+        return Row(stock, DEDICATED,
+                   _required_target(sar_models, stock, DEDICATED))
+    if stock in model_paths.MODEL_REFUSALS:
+        return Row(stock, REFUSED, None, model_paths.MODEL_REFUSALS[stock])
+    if stock in model_paths.MODELS_WITH_LAYERS_CONVERTED:
+        test = model_paths.MODELS_WITH_LAYERS_CONVERTED[stock]
+        return Row(stock, INNER, None, f'exact: checked by ``{test}``')
+    if stock in model_paths.MODELS_PER_NODE:
+        return Row(stock, AS_IS, None, 'reads no graph: per node')
+    raise ExtensionError(
+        f'pyg-sar-cheatsheet: the model {stock.__name__} has no place in '
+        f'pyg_sar.nn.model_paths (converted, per node or refused)')
+
+
 def _rows(kind: str) -> Tuple[List[Row], str]:
+    if kind == 'models':
+        return ([classify_model(c) for c in MODEL_CLASSES],
+                'classes of ``torch_geometric.nn.models``')
     if kind == 'convolutions':
         classes = [getattr(pyg_conv, n) for n in pyg_conv.__all__]
         what = 'layers of ``torch_geometric.nn.conv``'
@@ -169,7 +198,7 @@ def _rows(kind: str) -> Tuple[List[Row], str]:
         what = '``torch.nn`` modules ``to_distributed`` knows'
     else:
         raise ExtensionError(f'pyg-sar-cheatsheet: unknown table {kind!r} '
-                             "(convolutions, norms or torch)")
+                             "(convolutions, norms, torch or models)")
     return [classify(c) for c in classes], what
 
 
@@ -264,6 +293,7 @@ def _stock_link(stock: type) -> str:
     """The stock class, linked to its page in PyG's (torch's) docs."""
     if stock.__module__.startswith('torch_geometric.'):
         package = ('torch_geometric.nn.conv' if stock in CONV_CLASSES
+                   else 'torch_geometric.nn.models' if stock in MODEL_CLASSES
                    else 'torch_geometric.nn.norm')
         url = f'{PYG_DOCS}/{package}.{stock.__name__}.html'
     else:
@@ -272,7 +302,7 @@ def _stock_link(stock: type) -> str:
 
 
 class CheatsheetDirective(SphinxDirective):
-    """``.. pyg-sar-cheatsheet:: convolutions|norms|torch``"""
+    """``.. pyg-sar-cheatsheet:: convolutions|norms|torch|models``"""
 
     required_arguments = 1
 

@@ -27,6 +27,7 @@ from pyg_sar.nn.conv.gps_conv import GPSConv
 from pyg_sar.nn.conv import (AntiSymmetricConv, ChebConv, DNAConv, EGConv,
                              HANConv, HEATConv, PDNConv, RGATConv, SignedConv,
                              SuperGATConv, WLConv)
+from pyg_sar.nn import models  # registers LabelPropagation, CorrectAndSmooth
 from pyg_sar.nn.convert import convertible, to_distributed
 from pyg_sar.nn.sign import sign_features
 

@@ -45,6 +45,7 @@ from pyg_sar.nn.gcn_norm import NORMALIZED
 from pyg_sar.nn.conv.gin_conv import GINConv
 from pyg_sar.nn.conv.graph_conv import GraphConv
 from pyg_sar.nn.message_passing import DistMessagePassing
+from pyg_sar.nn.model_paths import MODEL_REFUSALS
 from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
 from pyg_sar.nn.conv.hgt_conv import HGTConv
 from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
@@ -139,10 +140,11 @@ ADAPTED = (
 )
 
 
-# Stock classes refused outright (none at present; every class of
-# torch_geometric.nn.conv that is not convertible is refused too).
+# Stock classes refused outright: the models of torch_geometric.nn.models
+# that a partition cannot run (pyg_sar/nn/model_paths.py); every class of
+# torch_geometric.nn.conv that is not convertible is refused too.
 # GPSConv converts: pyg_sar/nn/conv/gps_conv.py registers it.
-REFUSED: tuple = ()
+REFUSED: tuple = tuple(MODEL_REFUSALS)
 _CONV_CLASSES = {getattr(pyg_conv, name) for name in pyg_conv.__all__}
 _KNN = 'builds a kNN graph over all nodes inside the layer'
 _KERNEL = 'needs an optional compiled kernel package'
@@ -157,6 +159,7 @@ REFUSAL_REASONS = {
     'PANConv': 'builds a path-integral adjacency (sums of powers of the '
                'whole adjacency) as a SparseTensor inside forward',
     'MeshCNNConv': 'convolves mesh edges, not graph nodes',
+    **{cls.__name__: reason for cls, reason in MODEL_REFUSALS.items()},
 }
 
 
@@ -257,10 +260,12 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
         return None
     where = f" at '{path}'" if path else ''
     what = ('mixes node rows and has no distributed version' if
-            not isinstance(module, MessagePassing) and cls not in
+            not isinstance(module, (MessagePassing, REFUSED)) and cls not in
             _CONV_CLASSES else 'has no distributed version in pyg_sar')
-    if cls.__name__ in REFUSAL_REASONS:
-        what += ' (' + REFUSAL_REASONS[cls.__name__] + ')'
+    reason = next((REFUSAL_REASONS[c.__name__] for c in cls.__mro__
+                   if c.__name__ in REFUSAL_REASONS), None)
+    if reason is not None:
+        what += f' ({reason})'
     message = (f"to_distributed: {cls.__name__}{where} {what}; supported "
                f"layers: pyg_sar.nn.convert.convertible()")
     if isinstance(module, MessagePassing) and cls not in _CONV_CLASSES:

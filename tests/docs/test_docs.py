@@ -176,6 +176,10 @@ def test_cheatsheet_lists_every_conv_and_norm(site):
         assert f'torch_geometric.nn.conv.{name}.html' in text, name
     for name in norm.__all__:
         assert f'torch_geometric.nn.norm.{name}.html' in text, name
+    import torch_geometric.nn.models as models
+    for name in models.__all__:
+        if inspect.isclass(getattr(models, name)):
+            assert f'torch_geometric.nn.models.{name}.html' in text, name
     for reason in set(REFUSAL_REASONS.values()):
         assert reason in text, reason
 
