@@ -17,8 +17,8 @@ distributed class of its own in :mod:`pyg_sar.nn.models`):
 """
 import torch_geometric.nn.models as pyg_models
 
-_MODELS_EXACT = 'tests/test_models_exact.py'
-_MORE_EXACT = 'tests/test_more_models_exact.py'
+_MODELS_EXACT = 'tests/nn/test_models_exact.py'
+_MORE_EXACT = 'tests/nn/test_more_models_exact.py'
 MODELS_WITH_LAYERS_CONVERTED = {
     pyg_models.GCN: _MODELS_EXACT,
     pyg_models.GraphSAGE: _MODELS_EXACT,

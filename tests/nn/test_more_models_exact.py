@@ -25,6 +25,7 @@ from torch_geometric.nn import models
 
 import pyg_sar
 from pyg_sar.nn import model_paths
+from conftest import SHARED_DATA
 from _dist import run_workers
 from _graphs import hard_graph
 
@@ -33,8 +34,6 @@ pytestmark = pytest.mark.slow
 
 CONFIGS = (('sar', None), ('sa', None), ('one_shot', None), ('sar', 19))
 C = 6
-SHARED_DATA = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), '..',
-                       'shared', 'data')
 
 
 # Label propagation and C&S: (name, run(module maker, inputs)) ##############
@@ -259,7 +258,8 @@ def test_every_stock_model_has_one_place():
                   cls in model_paths.MODELS_PER_NODE,
                   cls in model_paths.MODEL_REFUSALS]
         assert sum(places) == 1, (cls.__name__, places)
-    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    # This file is in tests/nn/: the repository is two folders up.
+    root = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
     for cls, test in model_paths.MODELS_WITH_LAYERS_CONVERTED.items():
         assert osp.isfile(osp.join(root, test)), (cls.__name__, test)
 
