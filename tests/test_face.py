@@ -90,6 +90,9 @@ def test_a_stock_layer_given_a_dist_graph_says_to_convert(one_part, make):
     def run():
         graph = pyg_sar.DistGraph(part)
         conv = make()
+        # The model meets pyg_sar (sync_params), which guards its stock
+        # layers; no global hook (tests/nn/test_conversion.py).
+        pyg_sar.sync_params(conv)
         with pytest.raises(TypeError) as error:
             conv(part.x, graph)
         message = str(error.value)
