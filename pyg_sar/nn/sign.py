@@ -19,6 +19,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from pyg_sar import comm
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn.message_passing import DistMessagePassing
 
@@ -75,7 +76,8 @@ def sign_features(x: Tensor, graph: DistGraph, K: int,
     for this worker's nodes: ``[A x, A^2 x, ..., A^K x]`` with
     :math:`A = D^{-1/2} A D^{-1/2}` (no self loops added, :math:`D` the
     in-degree), what the transform stores as ``data.x1`` ... ``data.xK``.
-    Collective: every rank calls it with the same ``K``.
+    Collective: the ranks agree on ``K``, the dtype and whether edge
+    weights are given, or all raise.
 
     Args:
         x: the local nodes' features (``part.x``).
@@ -97,6 +99,9 @@ def sign_features(x: Tensor, graph: DistGraph, K: int,
     if x.size(0) != graph.num_nodes:
         raise ValueError(f"x has {x.size(0)} rows but the graph has "
                          f"{graph.num_nodes} local nodes")
+    comm.agree('computing sign_features',
+               {'K': K, 'dtype': str(x.dtype),
+                'edge_weight': edge_weight is not None})
     weight = sym_norm_weights(graph, edge_weight, x.dtype)
     hop = _WeightedSum()
     xs = [x]
