@@ -119,6 +119,13 @@ def _worker(rank, world_size, root, t):
         out['own_refused'] = None
     except RuntimeError as e:
         out['own_refused'] = str(e)
+    if world_size > 1:  # replicated checkpoints refuse a sharded table
+        from pyg_sar.train import checkpoint
+        try:
+            checkpoint.save(root + '-ckpt', 0, other)
+            out['ckpt_refused'] = None
+        except ValueError as e:
+            out['ckpt_refused'] = str(e)
     return out
 
 
@@ -173,6 +180,8 @@ def test_light_gcn_and_sharded_tables_equal_one_process(world_size,
         else:
             assert 'a shard of one worker is not loaded' in \
                 r['own_refused']
+            assert "'embedding.weight' is sharded by the partition" in \
+                r['ckpt_refused']
 
 
 # Refusals (one worker, no process group) ##################################
