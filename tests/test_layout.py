@@ -352,7 +352,8 @@ PUBLIC_API = {
         'RGCNConv', 'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
         'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
         'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv',
-        'WLConv', 'to_distributed', 'convertible', 'sign_features'],
+        'WLConv', 'to_distributed', 'convertible', 'sign_features',
+        'DistEmbedding'],
     'pyg_sar.loader': [
         'DistNeighborLoader', 'DistHeteroNeighborLoader',
         'DistLinkNeighborLoader', 'DistHeteroLinkNeighborLoader',

@@ -13,14 +13,18 @@ from pyg_sar.utils.layer_guard import guard_layers
 
 def sync_params(model: torch.nn.Module, src: int = 0) -> None:
     """Broadcasts rank ``src``'s parameters and buffers to every rank, so all
-    workers start from identical weights. Stock PyG layers left in the
-    model refuse a :class:`~pyg_sar.DistGraph` with an error that names
-    :func:`~pyg_sar.nn.to_distributed` (:mod:`pyg_sar.utils.layer_guard`)."""
+    workers start from identical weights (a table sharded by the
+    partition, flagged ``sar_sharded``, keeps each rank's own rows). Stock
+    PyG layers left in the model refuse a :class:`~pyg_sar.DistGraph` with
+    an error that names :func:`~pyg_sar.nn.to_distributed`
+    (:mod:`pyg_sar.utils.layer_guard`)."""
     guard_layers(model)
     if not is_active():
         return
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
+            if getattr(tensor, 'sar_sharded', False):
+                continue
             broadcast_(tensor.data, src)
 
 
@@ -30,11 +34,15 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
     Each worker's gradient is the partial sum over its own nodes, so write the
     loss as ``local_sum / global_count`` (see :func:`global_count`): the sum
     over ranks then equals the single-process mean-loss gradient exactly.
-    Parameters without a gradient on some rank are treated as zero.
+    Parameters without a gradient on some rank are treated as zero. A
+    parameter sharded by the partition (``sar_sharded``, e.g.
+    :class:`pyg_sar.nn.DistEmbedding`) is left alone: its rows are each
+    rank's own and their gradients already summed at their owner.
     """
     if not is_active():
         return
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad and
+              not getattr(p, 'sar_sharded', False)]
     if not params:
         return
     flat = torch.cat([

@@ -7,7 +7,8 @@ neighborhoods (:mod:`~pyg_sar.nn.neighborhood`, :mod:`~pyg_sar.nn.adapter`).
 The convolutions live one per file in :mod:`~pyg_sar.nn.conv`, the
 normalizations with whole-graph statistics in :mod:`~pyg_sar.nn.norm`, and
 :func:`to_distributed` converts a stock PyG model or refuses it by name
-(:mod:`~pyg_sar.nn.convert`). Layers exchange rows through the graph and the
+(:mod:`~pyg_sar.nn.convert`). :class:`DistEmbedding` shards a
+node-embedding table by the partition. Layers exchange rows through the graph and the
 communication stage; they know nothing of loaders or training.
 """
 from pyg_sar.nn.message_passing import DistMessagePassing
@@ -29,6 +30,7 @@ from pyg_sar.nn.conv import (AntiSymmetricConv, ChebConv, DNAConv, EGConv,
                              SuperGATConv, WLConv)
 from pyg_sar.nn import models  # registers LabelPropagation, CorrectAndSmooth
 from pyg_sar.nn.convert import convertible, to_distributed
+from pyg_sar.nn.embedding import DistEmbedding
 from pyg_sar.nn.sign import sign_features
 
 __all__ = [
@@ -38,5 +40,5 @@ __all__ = [
     'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
     'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
     'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv', 'WLConv',
-    'to_distributed', 'convertible', 'sign_features'
+    'to_distributed', 'convertible', 'sign_features', 'DistEmbedding'
 ]

@@ -9,9 +9,12 @@ distributed class of its own in :mod:`pyg_sar.nn.models`):
   model against single-process PyG;
 - :data:`MODELS_PER_NODE`: models that mix no node rows (they never read
   the graph), exact as they are;
+- LightGCN and the other models with a distributed class of their own in
+  :mod:`pyg_sar.nn.models` (its node-embedding table sharded by
+  :class:`~pyg_sar.nn.DistEmbedding`);
 - :data:`MODEL_REFUSALS`: models refused by name, with the reason, because
   what they compute spans the whole graph in a way that a partition does
-  not hold (a trainable row per node, radius graphs built inside
+  not hold (random walks over the whole graph, radius graphs built inside
   ``forward``, graph-level pooling, node pairs across workers, global
   attention).
 """
@@ -39,11 +42,9 @@ MODELS_PER_NODE = (
     pyg_models.GPSENodeEncoder,
 )
 
-_EMBEDDING = ('holds a trainable row per node of the whole graph (a '
-              'node-embedding table{}); sharded node-embedding tables are '
-              'not supported yet')
-_WALKS = _EMBEDDING.format(', and samples random walks over the whole '
-                           'graph')
+_WALKS = ('samples random walks over the whole graph inside the model '
+          '(its node-embedding table alone can be sharded: '
+          'pyg_sar.nn.DistEmbedding)')
 _MOLECULAR = ('a molecular model: builds a radius graph{} from positions '
               'inside forward and pools per molecule')
 _TRIPLETS = _MOLECULAR.format(' and its triplets')
@@ -57,7 +58,6 @@ _GLOBAL_ATTENTION = ('attends over all nodes of the graph inside forward '
 MODEL_REFUSALS = {
     pyg_models.Node2Vec: _WALKS,
     pyg_models.MetaPath2Vec: _WALKS,
-    pyg_models.LightGCN: _EMBEDDING.format(''),
     pyg_models.TGNMemory: ('keeps a memory row per node of a temporal '
                            'graph, updated from events'),
     pyg_models.RENet: ('a temporal knowledge-graph model over event '

@@ -247,6 +247,13 @@ def save(directory: str, epoch: int, model: torch.nn.Module,
                 'extra': extra or {}, 'torch': torch.__version__,
                 'time': time.time()}
         json.dumps(meta, allow_nan=True)  # refuse what JSON cannot hold now
+        sharded = [n for n, p in model.named_parameters()
+                   if getattr(p, 'sar_sharded', False)]
+        if sharded and world_size > 1:
+            raise ValueError(
+                f"checkpoint: {sharded[0]!r} is sharded by the partition "
+                f"(pyg_sar.nn.DistEmbedding); a checkpoint stores replicated "
+                f"state only: save DistEmbedding.full_state_dict(model)")
         model_state = model.state_dict()
         tensors = {MODEL_PREFIX + k: v for k, v in model_state.items()
                    if isinstance(v, Tensor)}

@@ -252,7 +252,7 @@ def test_every_stock_model_has_one_place():
     own = {c for c in convert._COMPOSITE
            if c.__module__.startswith('torch_geometric.nn.models')}
     assert own == {models.LabelPropagation, models.CorrectAndSmooth,
-                   models.linkx.SparseLinear}
+                   models.linkx.SparseLinear, models.LightGCN}
     for cls in _model_classes():
         places = [cls in own, cls in model_paths.MODELS_WITH_LAYERS_CONVERTED,
                   cls in model_paths.MODELS_PER_NODE,
@@ -268,7 +268,6 @@ def _refused_instances():
     """A small instance of some refused models (constructors that need no
     optional package)."""
     return {
-        'LightGCN': lambda: models.LightGCN(20, 8, 2),
         'SchNet': lambda: models.SchNet(hidden_channels=8, num_filters=8,
                                         num_interactions=1),
         'GAE': lambda: models.GAE(pyg_nn.GCNConv(C, 4)),
