@@ -206,7 +206,8 @@ def _correct_and_smooth_matches_one_process(outputs, folder) -> None:
     out, = outputs
     assert _number(r'largest loss difference over \d+ epochs: '
                    r'([0-9.e+-]+)', out) < 1e-4, out
-    assert _number(r'of the corrected predictions ([0-9.e+-]+)', out) < 1e-5, out
+    assert _number(r'of the corrected predictions ([0-9.e+-]+)',
+                   out) < 1e-5, out
     assert _number(r'of the smoothed ([0-9.e+-]+)', out) < 1e-5, out
     base, after = (float(a) for a in re.search(
         r'test accuracy ([0-9.]+) -> ([0-9.]+) after C&S \(2 workers',
