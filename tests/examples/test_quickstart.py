@@ -202,6 +202,19 @@ def _appnp_matches_one_process(outputs, folder) -> None:
     assert _number(r'test accuracy ([0-9.]+) \(2 workers', out) > 0.75, out
 
 
+def _correct_and_smooth_matches_one_process(outputs, folder) -> None:
+    out, = outputs
+    assert _number(r'largest loss difference over \d+ epochs: '
+                   r'([0-9.e+-]+)', out) < 1e-4, out
+    assert _number(r'of the corrected predictions ([0-9.e+-]+)',
+                   out) < 1e-5, out
+    assert _number(r'of the smoothed ([0-9.e+-]+)', out) < 1e-5, out
+    base, after = (float(a) for a in re.search(
+        r'test accuracy ([0-9.]+) -> ([0-9.]+) after C&S \(2 workers',
+        out).groups())
+    assert after > base + 0.1 and after > 0.75, out
+
+
 # What each documented run must show besides its recorded output.
 CHECKS: Dict[str, Callable] = {
     'quickstart': _quickstart,
@@ -215,6 +228,7 @@ CHECKS: Dict[str, Callable] = {
     'checkpoint_resume': _checkpoint_resume,
     'sign_cora': _sign_matches_one_process,
     'appnp_cora': _appnp_matches_one_process,
+    'correct_and_smooth_cora': _correct_and_smooth_matches_one_process,
 }
 
 
