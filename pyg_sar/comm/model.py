@@ -68,8 +68,19 @@ def ddp_sum_hook(state, bucket):
     (``local_sum / global_count``) needs the sum. Register it with
     ``ddp_model.register_comm_hook(None, pyg_sar.comm.ddp_sum_hook)`` and the
     DDP-trained model equals single-process training, like
-    :func:`all_reduce_grads` does without DDP.
+    :func:`all_reduce_grads` does without DDP. A parameter sharded by the
+    partition (``sar_sharded``, e.g. :class:`pyg_sar.nn.DistEmbedding`) is
+    refused: DDP would broadcast and sum it as a replica (train such a
+    model with :func:`all_reduce_grads`, which keeps each rank's rows).
     """
+    sharded = [p for p in bucket.parameters()
+               if getattr(p, 'sar_sharded', False)]
+    if sharded:
+        raise ValueError(
+            f"ddp_sum_hook: a parameter of shape {tuple(sharded[0].shape)} "
+            f"is sharded by the partition (pyg_sar.nn.DistEmbedding); "
+            f"DistributedDataParallel treats every parameter as a replica: "
+            f"train this model without DDP, with pyg_sar.all_reduce_grads")
     tensor = bucket.buffer()
     nbytes = tensor.numel() * tensor.element_size()
     STATS['collectives'] += 1

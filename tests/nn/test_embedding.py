@@ -210,3 +210,28 @@ def test_light_gcn_refusals_name_what(hard_part):
         model.get_embedding(data.edge_index)
     assert model.embedding.weight.sar_sharded
     assert comm.get_world_size() == 1
+
+
+def test_ddp_sum_hook_refuses_a_sharded_table():
+    # DDP treats every parameter as a replica (broadcast at construction,
+    # gradients summed): a sharded table's rows would be mixed silently.
+    import pytest
+    import torch
+    from pyg_sar.comm import ddp_sum_hook
+
+    class Bucket:
+        def __init__(self, params):
+            self._params = params
+
+        def parameters(self):
+            return self._params
+
+        def buffer(self):
+            return torch.zeros(1)
+
+    table = torch.nn.Parameter(torch.zeros(4, 2))
+    table.sar_sharded = True
+    with pytest.raises(ValueError, match=r"sharded by the partition.*"
+                       r"pyg_sar.all_reduce_grads"):
+        ddp_sum_hook(None, Bucket([torch.nn.Parameter(torch.zeros(3)),
+                                   table]))
