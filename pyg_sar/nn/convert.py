@@ -50,6 +50,7 @@ from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
 from pyg_sar.nn.conv.hgt_conv import HGTConv
 from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.conv.sage_conv import SAGEConv
+from pyg_sar.utils.layer_guard import refuse_unconverted
 
 
 def _aggr(module) -> Dict:
@@ -323,8 +324,10 @@ def _twin_fits(module: torch.nn.Module) -> bool:
     aggr = getattr(module, 'aggr_module', None)
     if aggr is not None and next(aggr.parameters(), None) is not None:
         return False  # learnable (buffers, e.g. a quantile, are compared)
-    if any(getattr(module, h, None) for h in _MP_HOOKS):
-        return False
+    if any(hook is not refuse_unconverted
+           for h in _MP_HOOKS
+           for hook in (getattr(module, h, None) or {}).values()):
+        return False  # (the guard sync_params installs is not a user's)
     make = _TWINS[type(module)]
     try:
         with torch.device('meta'):

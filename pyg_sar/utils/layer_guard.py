@@ -21,8 +21,10 @@ import torch
 _GUARDED: 'weakref.WeakSet[torch.nn.Module]' = weakref.WeakSet()
 
 
-def _refuse_unconverted(module: Any, args: Tuple,
-                        kwargs: Dict[str, Any]) -> None:
+def refuse_unconverted(module: Any, args: Tuple,
+                       kwargs: Dict[str, Any]) -> None:
+    """The guard's forward pre-hook (its identity lets
+    :func:`pyg_sar.nn.to_distributed` tell it from a user's hook)."""
     # A guarded layer converted in place later (to_distributed adapts
     # stock layers by class) keeps its hook and now accepts the graph.
     if getattr(module, 'accepts_dist_graph', False):
@@ -46,7 +48,7 @@ def guard_layers(model: torch.nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, MessagePassing) and module not in _GUARDED \
                 and not getattr(module, 'accepts_dist_graph', False):
-            module.register_forward_pre_hook(_refuse_unconverted,
+            module.register_forward_pre_hook(refuse_unconverted,
                                              with_kwargs=True)
             _GUARDED.add(module)
     return sum(1 for m in model.modules() if m in _GUARDED)

@@ -371,3 +371,17 @@ def test_stock_layer_given_a_dist_graph_names_the_fix(make, hard_part):
         guarded = torch.nn.ModuleList([stock])
         pyg_sar.sync_params(guarded)
         pyg_sar.nn.to_distributed(guarded)[0](part.x, dist_graph)
+    # The guard is not a user's hook: a guarded layer with an engine twin
+    # still becomes the twin (a user's hook sends it to the adapter).
+    guarded = torch.nn.ModuleList([make()])
+    pyg_sar.sync_params(guarded)
+    twin = pyg_sar.nn.to_distributed(guarded)[0]
+    assert type(twin).__module__.startswith('pyg_sar.nn.conv'), type(twin)
+    hooked = make()
+    hooked.register_forward_pre_hook(lambda module, args: None)
+    adapted = pyg_sar.nn.to_distributed(torch.nn.ModuleList([hooked]))[0]
+    assert not type(adapted).__module__.startswith('pyg_sar.nn.conv')
+    rgcn = torch.nn.ModuleList([pyg_nn.RGCNConv(6, 4, 2)])
+    pyg_sar.sync_params(rgcn)
+    assert type(pyg_sar.nn.to_distributed(rgcn)[0]).__module__.startswith(
+        'pyg_sar.nn.conv')
