@@ -28,6 +28,7 @@ from torch import Tensor
 from pyg_sar import comm
 from pyg_sar.comm.buffers import gather_rows, rows_shape
 from pyg_sar.graph.blocks import EdgeBlock
+from pyg_sar.utils.malloc import trim_heap
 
 # A re-fetch and a gradient send-back between the same two ranks can be in
 # flight together, so the send-back has its own channel (a process group).
@@ -326,6 +327,9 @@ class Transport:
             return
         for k, tg in enumerate(block_grad(g.blocks[0], sources)):
             self.add_rows(k, tg)
+        # The local block's per-chunk temporaries (its edges are most of a
+        # worker's) go back to the OS before the ring's buffers arrive.
+        trim_heap()
         steps = (self._fetched_steps(sources) if refetch else
                  ((step, []) for step in self._steps()))
         for step, box in steps:
