@@ -25,7 +25,7 @@ rows without a distributed version, is refused by name.
 """
 import copy
 import warnings
-from typing import Callable, Dict, Type
+from typing import Any, Callable, Dict, Tuple, Type
 
 import torch
 import torch_geometric.nn as pyg_nn
@@ -47,14 +47,11 @@ from pyg_sar.nn.conv.graph_conv import GraphConv
 from pyg_sar.nn.message_passing import DistMessagePassing
 from pyg_sar.nn.model_paths import MODEL_REFUSALS
 from pyg_sar.nn.norm import NODE_MIXING_WITHOUT_DIST_VERSION, NORM_CONVERTERS
+from pyg_sar.nn.plain import mark_calls, register_stock
 from pyg_sar.nn.conv.hgt_conv import HGTConv
 from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.conv.sage_conv import SAGEConv
 from pyg_sar.utils.layer_guard import refuse_unconverted
-
-
-def _aggr(module) -> Dict:
-    return {'aggr': module.aggr}
 
 
 def _gat_args(m) -> Dict:
@@ -74,41 +71,52 @@ def _rgcn_args(m) -> Dict:
                 bias=m.bias is not None)
 
 
-def _with_transform_first(stock, twin):
-    """Carries the ``transform_first`` opt-in (see :class:`SAGEConv`) of
-    a stock layer over to its twin."""
-    twin.transform_first = bool(getattr(stock, 'transform_first', False))
-    return twin
-
-
 # Imported for their registrations (pyg_sar.nn.adapter.register_adapted).
 _REGISTERED = (ChebConv, )
 
-# Layers with a SAR-engine twin, rebuilt with their own constructor args.
-_TWINS: Dict[Type, Callable] = {
-    pyg_nn.SAGEConv: lambda m: _with_transform_first(m, SAGEConv(
-        m.in_channels, m.out_channels, normalize=m.normalize,
-        root_weight=m.root_weight, project=m.project,
-        bias=m.lin_l.bias is not None, **_aggr(m))),
-    pyg_nn.GCNConv: lambda m: GCNConv(
-        m.in_channels, m.out_channels, improved=m.improved, cached=m.cached,
+# Layers with a SAR-engine twin: the twin class and the constructor
+# arguments that rebuild a layer, read from a stock layer or a twin alike
+# (a twin called on a plain graph runs its stock class built from them:
+# pyg_sar.nn.plain).
+_TWINS: Dict[Type, Tuple[Type, Callable[[Any], Dict[str, Any]]]] = {
+    pyg_nn.SAGEConv: (SAGEConv, lambda m: dict(
+        in_channels=m.in_channels, out_channels=m.out_channels,
+        normalize=m.normalize, root_weight=m.root_weight, project=m.project,
+        bias=m.lin_l.bias is not None, aggr=m.aggr)),
+    pyg_nn.GCNConv: (GCNConv, lambda m: dict(
+        in_channels=m.in_channels, out_channels=m.out_channels,
+        improved=m.improved, cached=m.cached,
         add_self_loops=m.add_self_loops, normalize=m.normalize,
-        bias=m.bias is not None),
-    pyg_nn.GraphConv: lambda m: GraphConv(
-        m.in_channels, m.out_channels, bias=m.lin_rel.bias is not None,
-        **_aggr(m)),
-    pyg_nn.GINConv: lambda m: GINConv(m.nn, eps=m.initial_eps,
-                                      train_eps=isinstance(
-                                          m.eps, torch.nn.Parameter)),
-    pyg_nn.GATConv: lambda m: GATConv(**_gat_args(m)),
-    pyg_nn.RGCNConv: lambda m: RGCNConv(**_rgcn_args(m)),
-    pyg_nn.HGTConv: lambda m: HGTConv(
-        m.in_channels, m.out_channels, (list(m.node_types),
-                                        list(m.edge_types)), heads=m.heads),
-    pyg_nn.FastRGCNConv: lambda m: FastRGCNConv(**_rgcn_args(m)),
-    pyg_nn.GATv2Conv: lambda m: GATv2Conv(
-        **_gat_args(m), share_weights=m.share_weights),
+        bias=m.bias is not None)),
+    pyg_nn.GraphConv: (GraphConv, lambda m: dict(
+        in_channels=m.in_channels, out_channels=m.out_channels,
+        bias=m.lin_rel.bias is not None, aggr=m.aggr)),
+    pyg_nn.GINConv: (GINConv, lambda m: dict(
+        nn=m.nn, eps=m.initial_eps,
+        train_eps=isinstance(m.eps, torch.nn.Parameter))),
+    pyg_nn.GATConv: (GATConv, _gat_args),
+    pyg_nn.RGCNConv: (RGCNConv, _rgcn_args),
+    pyg_nn.HGTConv: (HGTConv, lambda m: dict(
+        in_channels=m.in_channels, out_channels=m.out_channels,
+        metadata=(list(m.node_types), list(m.edge_types)), heads=m.heads)),
+    pyg_nn.FastRGCNConv: (FastRGCNConv, _rgcn_args),
+    pyg_nn.GATv2Conv: (GATv2Conv, lambda m: dict(
+        **_gat_args(m), share_weights=m.share_weights)),
 }
+for _stock, (_twin, _arguments) in _TWINS.items():
+    register_stock(_twin, _stock, _arguments)
+
+
+def _make_twin(module: torch.nn.Module) -> torch.nn.Module:
+    """The engine twin of a stock layer, built with its constructor
+    arguments (weights not copied)."""
+    twin, arguments = _TWINS[type(module)]
+    new = twin(**arguments(module))
+    if isinstance(new, SAGEConv):
+        # The transform_first opt-in (see SAGEConv) carries over.
+        new.transform_first = bool(getattr(module, 'transform_first', False))
+    return new
+
 
 # Twins whose stock layer has no whole-neighborhood fallback here (typed
 # edges): a configuration outside the twin is refused by name.
@@ -200,12 +208,19 @@ def to_distributed(model: torch.nn.Module,
     module that mixes node rows without a distributed version, raises a
     ``ValueError`` naming it; with ``strict=False`` it is left in place with
     a warning (its results over a ``DistGraph`` are then the user's risk).
+
+    The converted model is one model for both worlds
+    (:mod:`pyg_sar.nn.plain`): called with a plain ``edge_index`` (a sampled
+    batch) it computes what the stock model computes, bit for bit, with the
+    same parameters, its normalizations taking the batch's statistics.
     """
     new = _convert_one(model, '', strict)
-    if new is not None:
-        return new
-    _convert_children(model, '', strict)
-    return model
+    if new is None:
+        _convert_children(model, '', strict)
+        new = model
+    # Its normalizations tell a sampled batch from a DistGraph by the
+    # model's call (pyg_sar.nn.plain.in_plain_call).
+    return mark_calls(new)
 
 
 def _convert_children(module: torch.nn.Module, prefix: str,
@@ -231,7 +246,7 @@ def _convert_one(module: torch.nn.Module, path: str, strict: bool):
     if cls in _TWINS:
         fits = _twin_fits(module)
         if fits and (cls not in _TWIN_ONLY or module.aggr in _TYPED_AGGRS):
-            return _rebuild(module, _TWINS[cls])
+            return _rebuild(module, _make_twin)
         if cls in _TWIN_ONLY:
             raise ValueError(
                 f"to_distributed: {cls.__name__}{_at(path)} with "
@@ -328,7 +343,7 @@ def _twin_fits(module: torch.nn.Module) -> bool:
            for h in _MP_HOOKS
            for hook in (getattr(module, h, None) or {}).values()):
         return False  # (the guard sync_params installs is not a user's)
-    make = _TWINS[type(module)]
+    make = _make_twin
     try:
         with torch.device('meta'):
             if isinstance(module, pyg_nn.GINConv):

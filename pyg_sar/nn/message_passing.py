@@ -40,6 +40,7 @@ from torch_geometric.nn.dense.linear import Linear as PyGLinear
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn import engine
 from pyg_sar.nn.neighborhood import log_once, propagate_on_graph
+from pyg_sar.nn.plain import drop_stock_view, is_dist_graph, plain_forward
 
 # Reads of these in ``message`` need every in-edge of a destination at once.
 _NEIGHBORHOOD_ARGS = {'index', 'ptr', 'size_i', 'size_j', 'size', 'dim_size',
@@ -76,6 +77,12 @@ class DistMessagePassing(MessagePassing):
       chunks of complete in-neighborhoods, checkpointed in ``"sar"`` mode.
       One log line per class says so.
 
+    Called without a distributed graph (a plain ``edge_index``, a
+    ``SparseTensor``: the local subgraph of a sampled batch), a layer runs
+    stock PyG with the same parameters (:mod:`pyg_sar.nn.plain`): an engine
+    twin runs its stock class's ``forward``, and a subclass of the user's
+    own runs its ``forward`` with PyG's ``propagate`` and ``edge_updater``.
+
     Class attributes that tell the engine what it may skip:
 
     * ``linear_message``: the message is linear in its ``*_j`` inputs with
@@ -106,10 +113,22 @@ class DistMessagePassing(MessagePassing):
     attention_dropout: float = 0.0
     message_is_identity: bool = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get('forward')
+        if forward is not None and not getattr(
+                forward, '__sar_plain_forward__', False):
+            # A twin on a plain graph runs its stock class (pyg_sar.nn.plain).
+            cls.forward = plain_forward(forward)
+
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         # PyG would render a propagate() template onto the concrete class,
         # replacing ours; distributed propagation is not template-generated.
         pass
+
+    def reset_parameters(self) -> None:
+        drop_stock_view(self)  # its caches (GCNConv's) go with it
+        super().reset_parameters()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # A graph partitioned from a weighted adj_t hands its values to a
@@ -126,12 +145,11 @@ class DistMessagePassing(MessagePassing):
         linear path (sum or mean of ``w_e * x_j``, the default ``update``)
         the aggregate is accumulated into ``add_to``'s memory, so a layer's
         root term and its aggregate need one node-sized buffer, not three;
-        elsewhere it is the plain sum."""
+        elsewhere it is the plain sum. Without a distributed graph
+        (``edge_index``, ``SparseTensor``, ...): PyG's ``propagate``."""
         if not isinstance(graph, DistGraph):
-            raise TypeError(f"{type(self).__name__}.propagate expects a "
-                            f"pyg_sar.DistGraph as first argument (got "
-                            f"{type(graph).__name__}); build one with "
-                            f"pyg_sar.DistGraph(part)")
+            out = self._plain('propagate', graph, size, kwargs)
+            return out if add_to is None else add_to + out
         _check_size(self, graph, size)
         _check_device(self, graph, kwargs)
         reason = self.neighborhood_reason(graph, kwargs)
@@ -161,8 +179,7 @@ class DistMessagePassing(MessagePassing):
         values in the graph's edge order (``edge_update`` sees every in-edge
         of a destination at once, so ``softmax(alpha, index)`` is exact)."""
         if not isinstance(graph, DistGraph):
-            raise TypeError(f"{type(self).__name__}.edge_updater expects a "
-                            f"pyg_sar.DistGraph (got {type(graph).__name__})")
+            return self._plain('edge_updater', graph, size, kwargs)
         _check_size(self, graph, size)
         _check_device(self, graph, kwargs)
         if graph._layer_wise[0] is not None:
@@ -171,6 +188,22 @@ class DistMessagePassing(MessagePassing):
             raise ValueError(f"{type(self).__name__}: edge_updater is not "
                              f"supported on a bipartite relation graph")
         return propagate_on_graph(self, graph, kwargs, 'edge_updater')
+
+    def _plain(self, what: str, edge_index, size, kwargs) -> Tensor:
+        """PyG's own ``propagate``/``edge_updater`` on a plain graph."""
+        name = type(self).__name__
+        if is_dist_graph(edge_index):
+            raise TypeError(f"{name}.{what} expects a pyg_sar.DistGraph or "
+                            f"a plain edge_index (got "
+                            f"{type(edge_index).__name__})")
+        if self.attention:
+            raise ValueError(
+                f"{name} (attention = True) computes edge_score() over a "
+                f"pyg_sar.DistGraph only; on a plain edge_index, PyG runs "
+                f"message() alone: write the softmax in message() (as a "
+                f"stock MessagePassing layer does) or pass a DistGraph")
+        return getattr(MessagePassing, what)(self, edge_index, size=size,
+                                             **kwargs)
 
     def neighborhood_reason(self, graph: DistGraph, kwargs) -> Optional[str]:
         """Why this call cannot be folded block by block by the SAR engine

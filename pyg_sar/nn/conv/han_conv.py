@@ -11,6 +11,7 @@ from pyg_sar import comm
 from pyg_sar.graph.hetero_graph import HeteroDistGraph
 from pyg_sar.nn.convert import register_composite
 from pyg_sar.nn.message_passing import DistMessagePassing
+from pyg_sar.nn.plain import register_stock
 
 
 class HANConv(DistMessagePassing, pyg_nn.HANConv):
@@ -158,3 +159,8 @@ def _from_stock(module: pyg_nn.HANConv, path: str, strict: bool) -> HANConv:
 
 
 register_composite(pyg_nn.HANConv, _from_stock)
+# On a plain edge_index_dict: stock HANConv (pyg_sar.nn.plain).
+register_stock(HANConv, pyg_nn.HANConv, lambda m: dict(
+    in_channels=m.in_channels, out_channels=m.out_channels,
+    metadata=m.metadata, heads=m.heads, negative_slope=m.negative_slope,
+    dropout=m.dropout))

@@ -7,6 +7,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from pyg_sar.graph.hetero_graph import HeteroDistGraph
+from pyg_sar.nn.plain import is_dist_graph
 from pyg_sar.nn.convert import (convert_children, register_composite,
                                 to_distributed)
 
@@ -31,7 +32,9 @@ class HeteroConv(pyg_nn.HeteroConv):
     relation's output rows are the local destination nodes. As in PyG, a
     relation the graph does not have is skipped.
 
-    Same constructor, parameters and ``state_dict`` as PyG's. Stock PyG
+    Same constructor, parameters and ``state_dict`` as PyG's. Called with
+    a plain ``edge_index_dict`` (a sampled batch) it is PyG's
+    ``HeteroConv``, its relations' layers running stock. Stock PyG
     layers among ``convs`` are converted with
     :func:`pyg_sar.nn.to_distributed` (refused by name when they have no
     distributed version).
@@ -59,12 +62,14 @@ class HeteroConv(pyg_nn.HeteroConv):
 
     def forward(self, x_dict: Dict[str, Tensor], graph: HeteroDistGraph,
                 *args_dict: Any, **kwargs_dict: Any) -> Dict[str, Tensor]:
-        if not isinstance(graph, HeteroDistGraph):
+        # A plain edge_index_dict (a sampled batch): PyG's forward, each
+        # relation's conv running stock (pyg_sar.nn.plain).
+        if is_dist_graph(graph) and not isinstance(graph, HeteroDistGraph):
             raise TypeError(f"pyg_sar.nn.HeteroConv expects a "
-                            f"HeteroDistGraph as second argument (got "
-                            f"{type(graph).__name__}); build one with "
-                            f"pyg_sar.DistGraph(part) on a heterogeneous "
-                            f"partition")
+                            f"HeteroDistGraph or an edge_index_dict as "
+                            f"second argument (got {type(graph).__name__}); "
+                            f"build one with pyg_sar.DistGraph(part) on a "
+                            f"heterogeneous partition")
         return super().forward(x_dict, graph, *args_dict, **kwargs_dict)
 
 

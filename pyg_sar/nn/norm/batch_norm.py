@@ -2,7 +2,9 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+import torch_geometric.nn as pyg_nn
 
+from pyg_sar.nn.plain import in_plain_call
 from pyg_sar.nn.norm.batch_norm_1d import BatchNorm1d, global_batch_norm
 
 
@@ -75,6 +77,8 @@ class BatchNorm(torch.nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         r"""Normalizes the local node rows ``x`` ``[N_local, C]`` (a
         collective in training mode)."""
+        if in_plain_call():  # a sampled batch: its own statistics
+            return pyg_nn.BatchNorm.forward(self, x)
         return global_batch_norm(x, self.module, self.allow_single_element)
 
     def __repr__(self) -> str:

@@ -3,6 +3,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from pyg_sar.nn.plain import in_plain_call
 from pyg_sar.nn.norm._stats import (global_moments, normalize,
                                     update_running_stats)
 
@@ -94,4 +95,6 @@ class BatchNorm1d(torch.nn.BatchNorm1d):
     """
 
     def forward(self, x: Tensor) -> Tensor:
+        if in_plain_call():  # a sampled batch: its own statistics
+            return torch.nn.BatchNorm1d.forward(self, x)
         return global_batch_norm(x, self)

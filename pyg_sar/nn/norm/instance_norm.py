@@ -3,8 +3,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+import torch_geometric.nn as pyg_nn
 from torch.nn.modules.instancenorm import _InstanceNorm
 
+from pyg_sar.nn.plain import in_plain_call
 from pyg_sar.nn.norm._stats import (DIST_BATCH_ERROR, global_moments,
                                     normalize,
                                     update_running_stats)
@@ -66,6 +68,8 @@ class InstanceNorm(_InstanceNorm):
         r"""Normalizes the local node rows ``x`` ``[N_local, C]`` (a
         collective unless in eval mode with running statistics); ``batch``
         must be :obj:`None`."""
+        if in_plain_call():  # a sampled batch: its own statistics
+            return pyg_nn.InstanceNorm.forward(self, x, batch, batch_size)
         if batch is not None:
             raise ValueError(DIST_BATCH_ERROR.format(name='InstanceNorm'))
         if self.momentum is None:  # so does F.instance_norm in PyG's forward

@@ -3,8 +3,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+import torch_geometric.nn as pyg_nn
 from torch.nn import Parameter
 
+from pyg_sar.nn.plain import in_plain_call
 from pyg_sar.nn.norm._stats import DIST_BATCH_ERROR, global_mean
 
 
@@ -69,6 +71,8 @@ class LayerNorm(torch.nn.Module):
         r"""Normalizes the local node rows ``x`` ``[N_local, C]``; in
         ``"graph"`` mode a collective, and ``batch`` must be :obj:`None`
         (the whole graph is one example)."""
+        if in_plain_call():  # a sampled batch: its own statistics
+            return pyg_nn.LayerNorm.forward(self, x, batch, batch_size)
         if self.mode == 'graph':
             if batch is not None:
                 raise ValueError(DIST_BATCH_ERROR.format(name='LayerNorm'))

@@ -2,7 +2,9 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+import torch_geometric.nn as pyg_nn
 
+from pyg_sar.nn.plain import in_plain_call
 from pyg_sar.nn.norm._stats import DIST_BATCH_ERROR, global_mean
 
 
@@ -46,6 +48,8 @@ class PairNorm(torch.nn.Module):
                 batch_size: Optional[int] = None) -> Tensor:
         r"""Normalizes the local node rows ``x`` ``[N_local, C]`` (a
         collective); ``batch`` must be :obj:`None`."""
+        if in_plain_call():  # a sampled batch: its own statistics
+            return pyg_nn.PairNorm.forward(self, x, batch, batch_size)
         if batch is not None:
             raise ValueError(DIST_BATCH_ERROR.format(name='PairNorm'))
         mean, _ = global_mean(x)
