@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+import torch_geometric
 
 import pyg_sar
 from pyg_sar import datasets
@@ -106,8 +107,12 @@ def test_bad_input_is_a_clear_error(graph_data, tmp_path):
     conv = pyg_sar.nn.SAGEConv(8, 4)
     with pytest.raises(ValueError, match="has 10 rows but this worker owns"):
         conv(part.x[:10], graph)
-    with pytest.raises(TypeError, match="expects a pyg_sar.DistGraph"):
-        conv(part.x, part.edge_index)
+    # A plain edge_index is a local graph: the stock layer runs
+    # (pyg_sar.nn.plain), with the same weights.
+    stock = torch_geometric.nn.SAGEConv(8, 4)
+    stock.load_state_dict(conv.state_dict())
+    assert torch.equal(conv(part.x, part.edge_index),
+                       stock(part.x, part.edge_index))
     with pytest.raises(ValueError, match=r"size=\(5, 5\) is not supported"):
         conv.propagate(graph, size=(5, 5), x=part.x)
 
