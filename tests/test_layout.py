@@ -360,7 +360,8 @@ PUBLIC_API = {
         'sample_neighbors'],
     'pyg_sar.train': [
         'train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
-        'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog'],
+        'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog',
+        'inference'],
     'pyg_sar.datasets': [
         'load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
         'random_planetoid_split', 'SYNTHETIC_DEFAULTS'],

@@ -10,13 +10,17 @@ verifies them against the hashes they record and falls back to the newest
 intact one (the on-disk format: :mod:`~pyg_sar.train.checkpoint_format`; the
 checks before loading: :mod:`~pyg_sar.train.checkpoint_inspect`);
 :mod:`~pyg_sar.train.run_log` writes the per-epoch metrics and curves of a
-run; :mod:`~pyg_sar.train.files` holds the atomic writes, content hashes and
+run; :func:`inference` is PyG's layer-wise inference over the
+``DistGraph`` (every layer once over all nodes, no loader);
+:mod:`~pyg_sar.train.files` holds the atomic writes, content hashes and
 output-path checks they share.
 """
 from pyg_sar.train import checkpoint
+from pyg_sar.train.inference import inference
 from pyg_sar.train.loop import (GNN, MODELS, distributed_loss, evaluate,
                                 limit_heap_retention, resolve_device, train)
 from pyg_sar.train.run_log import RunLog
 
 __all__ = ['train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
-           'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog']
+           'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog',
+           'inference']

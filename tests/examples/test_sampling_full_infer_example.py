@@ -3,8 +3,9 @@ sizes 1-3, on a graph with self loops, duplicate edges, isolated nodes and a
 hub whose in-edges span all parts:
 
 * with the example's fanouts, the full-graph inference of the trained model
-  (``to_distributed`` over the ``DistGraph``) gives the logits and
-  accuracies that the same weights give on the whole graph in one process;
+  (the same converted model object, over the ``DistGraph``) gives the
+  logits and accuracies that the same weights give on the whole graph in
+  one process;
 * with every neighbor sampled (fanouts ``-1``) and every training node in
   one batch, sampled training is full-batch training: its losses and
   weights follow stock PyG trained on the whole graph in one process.
@@ -39,13 +40,15 @@ def example():
     return module
 
 
-def new_model(module, num_features, dropout):
+def new_model(module, num_features, dropout, convert=False):
     torch.manual_seed(0)
-    return module.GraphSAGE(num_features, HIDDEN, 3, dropout=dropout)
+    model = module.GraphSAGE(num_features, HIDDEN, 3, dropout=dropout)
+    return pyg_sar.nn.to_distributed(model) if convert else model
 
 
-def _train(module, part, fanouts, dropout, batch_size):
-    model = new_model(module, part.x.size(1), dropout)
+def _train(module, part, fanouts, dropout, batch_size, convert=True):
+    # As the example: converted once, trained on batches.
+    model = new_model(module, part.x.size(1), dropout, convert=convert)
     pyg_sar.sync_params(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01,
                                  weight_decay=5e-4)
@@ -66,11 +69,18 @@ def _worker(rank, world_size, root):
     results = {'ids': part.orig_ids}
     # As the example trains: sampled fanouts, dropout, several steps.
     model, _, _ = _train(module, part, [10, 5], 0.5, 16)
-    with torch.no_grad():
-        results['logits'] = pyg_sar.nn.to_distributed(
-            copy.deepcopy(model)).eval()(part.x, graph)
-    results['accuracy'] = module.full_graph_accuracy(model, part)
+    params = [p.data_ptr() for p in model.parameters()]
+    results['logits'], ids = pyg_sar.train.inference(model, part.x, graph,
+                                                     return_ids=True)
+    assert torch.equal(ids, part.orig_ids) and not model.training
+    results['accuracy'] = module.full_graph_accuracy(model, part, graph)
+    assert [p.data_ptr() for p in model.parameters()] == params
     results['state'] = copy.deepcopy(model.state_dict())
+    # The stock model on the same batches: the converted one is the stock
+    # one, bit for bit (dropout draws included).
+    stock, _, _ = _train(module, part, [10, 5], 0.5, 16, convert=False)
+    for key, value in stock.state_dict().items():
+        assert torch.equal(results['state'][key], value), key
     # Every neighbor, one global batch: full-batch training.
     model, losses, steps = _train(module, part, [-1, -1], 0.0, 10_000)
     results['full'] = (losses, steps, copy.deepcopy(model.state_dict()))

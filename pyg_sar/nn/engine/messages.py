@@ -35,8 +35,9 @@ class MessageAggregator(Aggregator):
 
     def __init__(self, plan: Plan, inputs: Inputs) -> None:
         self.linear = plan.kind == 'linear'
-        # A non-linear message's backward reads its source rows again.
-        self.needs_tables = not self.linear
+        # A non-linear message's backward reads its source rows again
+        # (none runs when no input needs a gradient: no_grad, inference).
+        self.needs_tables = not self.linear and any(inputs.needs_grad)
         super().__init__(plan, inputs)
         self.keep = self.mode == 'sa' and not self.linear and \
             any(inputs.needs_grad)
