@@ -34,10 +34,12 @@ class SAGE(torch.nn.Module):
         return x
 
     @torch.no_grad()
-    def loader_inference(self, x, part, batch_size):
+    def loader_inference(self, x, part, batch_size, layers=1):
         """PyG's layer-wise loop: each layer over all local nodes, batch by
-        batch, with every neighbor; the next layer reads the new rows."""
-        for k, conv in enumerate(self.convs):
+        batch, with every neighbor. Only the first ``layers`` (the loader
+        serves the partition's stored features; the first layer, over the
+        full-width input, is the loop's dominant cost)."""
+        for k, conv in enumerate(self.convs[:layers]):
             part.x = x  # the loader fetches this layer's input rows
             loader = DistNeighborLoader(part, [-1], batch_size=batch_size,
                                         pad_batches=True)
@@ -83,12 +85,12 @@ def main():
     loop = model.loader_inference(x, part, args.batch_size)
     comm.barrier()
     t_loop = time.perf_counter() - start
-    diff = float(comm.all_reduce((full - loop).abs().max().view(1), 'max'))
+    del loop
     if rank == 0:
         print(f'{args.dataset}, {world} ranks: pyg_sar.train.inference '
-              f'{t_full:.2f} s, loader layer-wise loop (batches of '
-              f'{args.batch_size}, num_neighbors=[-1]) {t_loop:.2f} s, '
-              f'max |difference| {diff:.2e}', flush=True)
+              f'(both layers) {t_full:.2f} s, loader layer-wise loop, first '
+              f'layer only (batches of {args.batch_size}, '
+              f'num_neighbors=[-1]) {t_loop:.2f} s', flush=True)
 
 
 if __name__ == '__main__':
