@@ -77,7 +77,7 @@ def main():
 
     comm.barrier()
     start = time.perf_counter()
-    full = pyg_sar.train.inference(model, x, graph)
+    pyg_sar.train.inference(model, x, graph)
     comm.barrier()
     t_full = time.perf_counter() - start
 
