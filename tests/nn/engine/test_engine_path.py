@@ -18,20 +18,21 @@ from _dist import run_workers
 ROOT = osp.dirname(pyg_sar.__file__)
 
 # What one SAGEConv forward and backward over 2 workers runs through: the
-# layer, the layer base (with its linear helpers), the plan (the factory), the
+# layer, the layer base (with its linear helpers, and the check that sends a
+# call without a DistGraph to the stock layer: nn/plain.py), the plan (the factory), the
 # Function and its aggregator, the graph's transport and blocks, and the
 # communication stage's primitives (one unit: ``pyg_sar.comm``). Leaf
 # utilities (``pyg_sar.utils``: allocator trim, device capacity) are not
 # counted. A new file on this path is a deliberate change of this list.
 SAGE_PATH = {
-    'nn/conv/sage_conv.py', 'nn/message_passing.py',
+    'nn/conv/sage_conv.py', 'nn/message_passing.py', 'nn/plain.py',
     'nn/engine/plan.py', 'nn/engine/function.py', 'nn/engine/sparse.py',
     'graph/transport.py', 'graph/blocks.py', 'comm',
 }
 # GAT adds self loops: the graph's cached self-loop view (dist_graph).
 GAT_PATH = {
     'nn/conv/gat_conv.py', 'graph/dist_graph.py', 'nn/message_passing.py',
-    'nn/engine/plan.py',
+    'nn/plain.py', 'nn/engine/plan.py',
     'nn/engine/function.py', 'nn/engine/messages.py',
     'nn/engine/attention.py', 'nn/engine/sparse.py', 'graph/transport.py',
     'graph/blocks.py', 'comm',
