@@ -1,7 +1,7 @@
 """A node-embedding table sharded by the partition (pyg_sar.nn.DistEmbedding)
 and the converted LightGCN equal single-process PyG.
 
-One spawn per world size (1, 2, 3), every mode inside: LightGCN's layer
+One spawn per world size (1, 2, 3, 4), every mode inside: LightGCN's layer
 embeddings, its scores of node pairs whose ends live on different ranks,
 its link-prediction and BPR losses, and the gradient of every row of the
 table (summed at the row's owner); a sparse table with a padding row and
@@ -129,7 +129,7 @@ def _worker(rank, world_size, root, t):
     return out
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
 def test_light_gcn_and_sharded_tables_equal_one_process(world_size,
                                                         tmp_path):
     data = hard_graph()

@@ -1,6 +1,6 @@
 """PyG's models of ``torch_geometric.nn.models`` beyond the BasicGNN family
 (tests/test_models_exact.py), converted with :func:`pyg_sar.nn.to_distributed`,
-equal single-process PyG at world sizes 1-3 in every mode (and chunked):
+equal single-process PyG at world sizes 1-4 in every mode (and chunked):
 
 - ``LabelPropagation`` and ``CorrectAndSmooth`` (outputs; they run under
   ``no_grad``) on the hard graph and on Cora: integer labels whose largest
@@ -194,7 +194,7 @@ def _cora(root):
     return data
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
 def test_models_equal_single_process(world_size, tmp_path):
     datasets = {'hard': hard_graph(), 'cora': _cora(str(tmp_path / 'raw'))}
     roots, inputs = {}, {}

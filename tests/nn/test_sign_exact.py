@@ -1,6 +1,6 @@
 """``pyg_sar.nn.sign_features`` computes what
 ``torch_geometric.transforms.SIGN`` stores (``x1`` ... ``xK``), at world
-sizes 1-3, in every mode, with and without chunking and edge weights, in
+sizes 1-4, in every mode, with and without chunking and edge weights, in
 float32 and float64, on a graph with self loops, duplicate edges, isolated
 nodes and a hub whose in-edges span all parts; and ``examples/sign_cora.py``'s
 training on those features follows the single-process loss curve on the
@@ -93,7 +93,7 @@ def reference(data, weighted, dtype):
     return [data[f'x{k}'] for k in range(1, K + 1)]
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
 def test_sign_features_and_training_equal_single_process(world_size,
                                                          tmp_path):
     data = hard_graph()
