@@ -30,10 +30,11 @@ import time
 import torch
 from torch_geometric.nn import APPNP
 
-from cora_workers import argument_parser, load_shard, print_side_by_side
+from cora_workers import argument_parser, load_shard
 from pyg_sar import comm
 from pyg_sar.nn import to_distributed
 from pyg_sar.train import distributed_loss
+from side_by_side import print_side_by_side
 
 
 class Net(torch.nn.Module):

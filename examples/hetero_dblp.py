@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 
 from pyg_sar import comm
+from side_by_side import print_side_by_side
 
 LABELLED = 'author'
 
@@ -201,25 +202,7 @@ def main() -> None:
         full_graph = (full.edge_index_dict if args.model == 'sage' else
                       full.edge_index)
         single = fit(Task(args.model, full, full_graph), stock, args)
-    header = 'epoch  loss      val    test'
-    if single:
-        header += '   | one process: loss      val    test'
-    print(header)
-    for epoch, row in enumerate(history, 1):
-        if epoch % 10 and epoch != 1:
-            continue
-        line = f'{epoch:5d}  {row[0]:.6f}  {row[1]:.4f} {row[2]:.4f}'
-        if single:
-            s = single[epoch - 1]
-            line += f'   |              {s[0]:.6f}  {s[1]:.4f} {s[2]:.4f}'
-        print(line)
-    epoch_s = sorted(r[-1] for r in history)[len(history) // 2]
-    print(f'test accuracy {history[-1][2]:.4f} ({world_size} workers, '
-          f'median epoch {epoch_s:.3f}s)')
-    if single:
-        gap = max(abs(a[0] - b[0]) for a, b in zip(history, single))
-        print(f'test accuracy {single[-1][2]:.4f} (one process); largest '
-              f'loss difference over {args.epochs} epochs: {gap:.2e}')
+    print_side_by_side(history, single, world_size)
 
 
 if __name__ == '__main__':

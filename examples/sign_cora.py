@@ -31,10 +31,11 @@ import time
 import torch
 from torch_geometric.transforms import SIGN
 
-from cora_workers import argument_parser, load_shard, print_side_by_side
+from cora_workers import argument_parser, load_shard
 from pyg_sar import comm
 from pyg_sar.nn import sign_features
 from pyg_sar.train import distributed_loss
+from side_by_side import print_side_by_side
 
 
 def mlp(in_channels: int, hidden: int, out_channels: int) -> torch.nn.Module:

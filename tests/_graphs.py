@@ -24,3 +24,24 @@ def hard_graph(num_nodes: int = 120, seed: int = 3):
     data.edge_weight = torch.rand(data.edge_index.size(1), generator=gen) + .1
     data.edge_attr = torch.randn(data.edge_index.size(1), 3, generator=gen)
     return data
+
+
+def last_rank_untrained(mask, rank: int, world_size: int):
+    """A worker's training mask with no training node on the last rank
+    (from two workers on): the part without training nodes that the
+    exactness tests cover."""
+    mask = mask.clone()
+    if rank == world_size - 1 and world_size > 1:
+        mask[:] = False
+    return mask
+
+
+def last_part_untrained(mask, root: str, world_size: int):
+    """The whole graph's training mask that :func:`last_rank_untrained`
+    leaves: the nodes of the last part of the partition at ``root`` are
+    dropped."""
+    from pyg_sar import load_partition
+    mask = mask.clone()
+    if world_size > 1:
+        mask[load_partition(root, world_size - 1).orig_ids] = False
+    return mask

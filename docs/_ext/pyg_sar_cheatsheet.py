@@ -174,7 +174,9 @@ def classify_model(stock: type) -> Row:
         test = model_paths.MODELS_WITH_LAYERS_CONVERTED[stock]
         return Row(stock, INNER, None, f'exact: checked by ``{test}``')
     if stock in model_paths.MODELS_PER_NODE:
-        return Row(stock, AS_IS, None, 'reads no graph: per node')
+        test = model_paths.MODELS_PER_NODE[stock]
+        return Row(stock, AS_IS, None,
+                   f'reads no graph: per node; exact: checked by ``{test}``')
     raise ExtensionError(
         f'pyg-sar-cheatsheet: the model {stock.__name__} has no place in '
         f'pyg_sar.nn.model_paths (converted, per node or refused)')

@@ -7,8 +7,9 @@ distributed class of its own in :mod:`pyg_sar.nn.models`):
 - :data:`MODELS_WITH_LAYERS_CONVERTED`: containers whose layers
   ``to_distributed`` converts, each with the test that checks the converted
   model against single-process PyG;
-- :data:`MODELS_PER_NODE`: models that mix no node rows (they never read
-  the graph), exact as they are;
+- :data:`MODELS_PER_NODE`: models that never read the graph, exact as
+  they are (a batch norm inside, in training mode, is converted like any
+  other: its statistics span all nodes), each with its test;
 - LightGCN and the other models with a distributed class of their own in
   :mod:`pyg_sar.nn.models` (its node-embedding table sharded by
   :class:`~pyg_sar.nn.DistEmbedding`);
@@ -36,11 +37,13 @@ MODELS_WITH_LAYERS_CONVERTED = {
     pyg_models.LINKX: _MORE_EXACT,  # its SparseLinear: pyg_sar.nn.models
 }
 
-MODELS_PER_NODE = (
-    pyg_models.MLP, pyg_models.JumpingKnowledge,
-    pyg_models.HeteroJumpingKnowledge, pyg_models.MaskLabel,
-    pyg_models.GPSENodeEncoder,
-)
+MODELS_PER_NODE = {
+    pyg_models.MLP: _MORE_EXACT,
+    pyg_models.JumpingKnowledge: _MORE_EXACT,
+    pyg_models.HeteroJumpingKnowledge: _MORE_EXACT,
+    pyg_models.MaskLabel: _MORE_EXACT,
+    pyg_models.GPSENodeEncoder: _MORE_EXACT,
+}
 
 _WALKS = ('samples random walks over the whole graph inside the model '
           '(its node-embedding table alone can be sharded: '

@@ -182,6 +182,12 @@ def test_cheatsheet_lists_every_conv_and_norm(site):
             assert f'torch_geometric.nn.models.{name}.html' in text, name
     for reason in set(REFUSAL_REASONS.values()):
         assert reason in text, reason
+    from pyg_sar.nn import model_paths
+    for reason in set(model_paths.MODEL_REFUSALS.values()):
+        assert reason in text, reason
+    for test in {**model_paths.MODELS_WITH_LAYERS_CONVERTED,
+                 **model_paths.MODELS_PER_NODE}.values():
+        assert test in text, test
 
 
 # The README's layer bullets, by their opening words: the cheatsheet key

@@ -1,8 +1,9 @@
 """``examples/appnp_cora.py``: PyG's APPNP model converted with
 ``to_distributed`` trains as it does in one process (losses, accuracies and
 the final logits, at world sizes 1-3, on a graph with self loops, duplicate
-edges, isolated nodes and a hub whose in-edges span all parts; the trained
-model's logits in every mode, chunked or not). Its script gives the stock
+edges, isolated nodes, a hub whose in-edges span all parts and a part
+without training nodes; the trained model's logits in every mode, chunked
+or not). Its script gives the stock
 model to ``sync_params`` before converting a copy: the copy's layers must
 not inherit the refusal that ``sync_params`` gives stock layers.
 """
@@ -18,7 +19,8 @@ from torch_geometric.nn import APPNP, GCNConv
 
 import pyg_sar
 from _dist import run_workers
-from _graphs import hard_graph
+from _graphs import (hard_graph, last_part_untrained,
+                     last_rank_untrained)
 
 # This file is in tests/<folder>/.
 EXAMPLES = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..',
@@ -46,8 +48,9 @@ def fit_args():
     return argparse.Namespace(lr=0.01, weight_decay=5e-3, epochs=EPOCHS)
 
 
-def masks_of(store):
-    return {s: getattr(store, f'{s}_mask') for s in ('train', 'val', 'test')}
+def masks_of(store, train_mask):
+    return {'train': train_mask, 'val': store.val_mask,
+            'test': store.test_mask}
 
 
 def make_net(module, num_features):
@@ -62,7 +65,8 @@ def _worker(rank, world_size, root):
     pyg_sar.sync_params(stock)  # as the example: synced, then converted
     model = pyg_sar.nn.to_distributed(copy.deepcopy(stock))
     graph = pyg_sar.DistGraph(part)
-    history = appnp.fit(model, part.x, graph, part.y, masks_of(part),
+    train = last_rank_untrained(part.train_mask, rank, world_size)
+    history = appnp.fit(model, part.x, graph, part.y, masks_of(part, train),
                         fit_args(), count=pyg_sar.global_count,
                         reduce=pyg_sar.all_reduce_grads,
                         total=lambda t: pyg_sar.comm.all_reduce(t))
@@ -87,8 +91,9 @@ def test_appnp_example_trains_as_one_process(world_size, tmp_path):
 
     appnp = example()
     stock = make_net(appnp, data.num_features)
+    train = last_part_untrained(data.train_mask, root, world_size)
     single = appnp.fit(stock, data.x, data.edge_index, data.y,
-                       masks_of(data), fit_args())
+                       masks_of(data, train), fit_args())
     expected = torch.tensor([r[:3] for r in single])
     assert expected[-1, 0] < expected[0, 0]  # it trains
     for rank, r in enumerate(results):

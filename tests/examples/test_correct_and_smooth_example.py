@@ -4,11 +4,10 @@ distributed loss, then PyG's ``CorrectAndSmooth`` converted with
 synthetic homophilous graph: the base model's losses and accuracies per
 epoch, its soft predictions, the corrected and the smoothed predictions
 (with autoscale, whose average error spans the training nodes of all
-workers, and with a fixed scale) and their accuracies counted over all
+workers, the last holding none, and with a fixed scale) and their accuracies counted over all
 workers.
 """
 import argparse
-import copy
 import importlib.util
 import os.path as osp
 import sys
@@ -18,6 +17,7 @@ import torch
 
 import pyg_sar
 from _dist import run_workers
+from _graphs import last_part_untrained, last_rank_untrained
 
 # This file is in tests/<folder>/.
 EXAMPLES = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..',
@@ -54,8 +54,9 @@ def args_for(scale):
                               scale=scale)
 
 
-def masks_of(store):
-    return {s: getattr(store, f'{s}_mask') for s in ('train', 'val', 'test')}
+def masks_of(store, train_mask):
+    return {'train': train_mask, 'val': store.val_mask,
+            'test': store.test_mask}
 
 
 def make_mlp(module, num_features):
@@ -87,7 +88,8 @@ def _worker(rank, world_size, root):
     part = pyg_sar.load_partition(root, rank)
     model = make_mlp(module, part.x.size(1))
     pyg_sar.sync_params(model)
-    results = run(module, part.x, part.y, masks_of(part),
+    train = last_rank_untrained(part.train_mask, rank, world_size)
+    results = run(module, part.x, part.y, masks_of(part, train),
                   pyg_sar.DistGraph(part), model,
                   count=pyg_sar.global_count,
                   reduce=pyg_sar.all_reduce_grads,
@@ -106,8 +108,9 @@ def test_correct_and_smooth_example_matches_one_process(world_size,
     ids = torch.cat([r['ids'] for r in results])
 
     module = example()
-    single = run(module, data.x, data.y, masks_of(data), data.edge_index,
-                 make_mlp(module, data.num_features))
+    train = last_part_untrained(data.train_mask, root, world_size)
+    single = run(module, data.x, data.y, masks_of(data, train),
+                 data.edge_index, make_mlp(module, data.num_features))
     curve = torch.tensor(single['curve'])
     assert curve[-1, 0] < curve[0, 0]  # it trains
     for rank, r in enumerate(results):

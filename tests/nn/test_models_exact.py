@@ -3,7 +3,7 @@ GAT, PNA, EdgeCNN) converted with :func:`pyg_sar.nn.to_distributed` equal the
 stock model on the whole graph in one process: outputs, input gradients,
 every parameter gradient (summed over ranks) and the running statistics of
 their norms, across jumping-knowledge modes and normalizations, at world
-sizes 1-3, in 'sar' and 'one_shot' mode and with chunking.
+sizes 1-4, in every mode ('sar', 'sa', 'one_shot') and with chunking.
 
 One spawn per world size runs every case, in a module-scoped fixture; the
 parent compares, one test per case. Conversion itself (state_dict keys,
@@ -27,7 +27,7 @@ from _graphs import hard_graph
 pytestmark = pytest.mark.slow
 
 # (mode, chunk_size): whole partitions, and many whole-neighborhood chunks.
-CONFIGS = (('sar', None), ('one_shot', None), ('sar', 19))
+CONFIGS = (('sar', None), ('sa', None), ('one_shot', None), ('sar', 19))
 HIDDEN, OUT = 8, 4
 PNA_ARGS = dict(aggregators=['mean', 'min', 'max', 'std'],
                 scalers=['identity', 'amplification', 'attenuation'])
@@ -133,7 +133,7 @@ def _worker(rank, world_size, root, cases, configs):
     return results
 
 
-@pytest.fixture(scope='module', params=[1, 2, 3])
+@pytest.fixture(scope='module', params=[1, 2, 3, 4])
 def models_run(request, tmp_path_factory):
     """Every case in every config, in one spawn of ``world_size``
     workers."""

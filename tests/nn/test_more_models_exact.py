@@ -1,13 +1,16 @@
 """PyG's models of ``torch_geometric.nn.models`` beyond the BasicGNN family
 (tests/test_models_exact.py), converted with :func:`pyg_sar.nn.to_distributed`,
-equal single-process PyG at world sizes 1-3 in every mode (and chunked):
+equal single-process PyG at world sizes 1-4 in every mode (and chunked):
 
 - ``LabelPropagation`` and ``CorrectAndSmooth`` (outputs; they run under
   ``no_grad``) on the hard graph and on Cora: integer labels whose largest
   class lives on one rank only, masks and index masks, edge weights,
   ``post_step``, autoscale over a rank without training nodes;
 - ``DeepGCNLayer``, ``PMLP`` (train and eval), ``RECT_L``, ``GroupAddRev``
-  and ``LINKX`` (outputs, input gradients, every parameter gradient).
+  and ``LINKX`` (outputs, input gradients, every parameter gradient);
+- the models that never read the graph (``MLP`` with batch norms in
+  training mode, ``MaskLabel``, ``JumpingKnowledge``,
+  ``HeteroJumpingKnowledge``, ``GPSENodeEncoder``), the same way.
 
 Every other model of ``torch_geometric.nn.models.__all__`` is placed in
 :mod:`pyg_sar.nn.model_paths`, and the refused ones raise an error naming
@@ -114,32 +117,64 @@ def _pmlp(train):
     return make
 
 
+def _on_x(module, x, g, store):
+    return module(x, g)
+
+
+def _on_x_w(module, x, g, store):
+    return module(x, g, store.edge_weight)
+
+
+def _two_layers(x):
+    return [x, x.tanh()]
+
+
+# name -> (make, call(module, x, graph, store)): ``store`` is the whole
+# graph or this worker's part (edge weights, labels, training mask).
 MODELS = {
-    'DeepGCNLayer_res+': (_deepgcn_res_plus, 'x'),
-    'DeepGCNLayer_res_batch_norm': (_deepgcn_res_batch_norm, 'x'),
-    'PMLP_train': (_pmlp(True), 'x'),
-    'PMLP_eval': (_pmlp(False), 'x'),
-    'RECT_L': (lambda: models.RECT_L(C, 8), 'w'),
+    'DeepGCNLayer_res+': (_deepgcn_res_plus, _on_x),
+    'DeepGCNLayer_res_batch_norm': (_deepgcn_res_batch_norm, _on_x),
+    'PMLP_train': (_pmlp(True), _on_x),
+    'PMLP_eval': (_pmlp(False), _on_x),
+    'RECT_L': (lambda: models.RECT_L(C, 8), _on_x_w),
     'GroupAddRev': (lambda: models.GroupAddRev(
-        pyg_nn.SAGEConv(C // 2, C // 2), num_groups=2), 'x'),
+        pyg_nn.SAGEConv(C // 2, C // 2), num_groups=2), _on_x),
     'LINKX': (lambda: models.LINKX(hard_graph().num_nodes, C, 8, 4, 2,
-                                   num_edge_layers=2), 'w'),
+                                   num_edge_layers=2), _on_x_w),
+    # The models of MODELS_PER_NODE: they never read the graph, but their
+    # batch norms (training mode) average over all nodes.
+    'MLP_batch_norm': (lambda: models.MLP([C, 8, 4], norm='batch_norm'),
+                       lambda m, x, g, s: m(x)),
+    'MaskLabel_add': (lambda: models.MaskLabel(3, C),
+                      lambda m, x, g, s: m(x, s.y, s.train_mask)),
+    'MaskLabel_concat': (lambda: models.MaskLabel(3, C, method='concat'),
+                         lambda m, x, g, s: m(x, s.y, s.train_mask)),
+    'JumpingKnowledge_lstm': (
+        lambda: models.JumpingKnowledge('lstm', C, 2),
+        lambda m, x, g, s: m(_two_layers(x))),
+    'HeteroJumpingKnowledge_max': (
+        lambda: models.HeteroJumpingKnowledge(['a'], 'max'),
+        lambda m, x, g, s: m({'a': _two_layers(x)})['a']),
+    'GPSENodeEncoder': (
+        lambda: models.GPSENodeEncoder(10, C, 4, C, expand_x=True,
+                                       dropout_be=0.0, dropout_ae=0.0),
+        lambda m, x, g, s: m(x, x.flip(-1) * 2.0)),
 }
 
 
 def build(name, dist):
     torch.manual_seed(1234)
-    make, style = MODELS[name]
+    make, call = MODELS[name]
     module = make()
     if dist:
         module = pyg_sar.nn.to_distributed(copy.deepcopy(module))
-    return module, style
+    return module, call
 
 
-def run_model(name, x, g, w, ids, num_nodes, dist):
-    module, style = build(name, dist)
-    x = x.clone().requires_grad_()
-    out = module(x, g, w) if style == 'w' else module(x, g)
+def run_model(name, store, g, ids, num_nodes, dist):
+    module, call = build(name, dist)
+    x = store.x.clone().requires_grad_()
+    out = call(module, x, g, store)
     gen = torch.Generator().manual_seed(99)
     probe = torch.randn(num_nodes, *out.shape[1:], generator=gen)[ids]
     value = out.detach().clone()  # GroupAddRev frees its output in backward
@@ -173,7 +208,7 @@ def _worker(rank, world_size, roots, inputs):
         graph = pyg_sar.DistGraph(hard, mode=mode, chunk_size=chunk)
         for model in MODELS:
             results[(mode, chunk, 'model', model)] = run_model(
-                model, hard.x, graph, hard.edge_weight, hard.orig_ids,
+                model, hard, graph, hard.orig_ids,
                 inputs['hard']['y'].numel(), dist=True)
     return results
 
@@ -194,7 +229,7 @@ def _cora(root):
     return data
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
 def test_models_equal_single_process(world_size, tmp_path):
     datasets = {'hard': hard_graph(), 'cora': _cora(str(tmp_path / 'raw'))}
     roots, inputs = {}, {}
@@ -224,9 +259,9 @@ def test_models_equal_single_process(world_size, tmp_path):
     data = datasets['hard']
     ids = torch.cat([r[('ids', 'hard')] for r in results])
     for model in MODELS:
-        out, gx, gp = run_model(model, data.x, data.edge_index,
-                                data.edge_weight, torch.arange(data.num_nodes),
-                                data.num_nodes, dist=False)
+        out, gx, gp = run_model(model, data, data.edge_index,
+                                torch.arange(data.num_nodes), data.num_nodes,
+                                dist=False)
         for mode, chunk in CONFIGS:
             what = f'{model} mode={mode} chunk={chunk} world={world_size}'
             key = (mode, chunk, 'model', model)
@@ -260,8 +295,12 @@ def test_every_stock_model_has_one_place():
         assert sum(places) == 1, (cls.__name__, places)
     # This file is in tests/nn/: the repository is two folders up.
     root = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
-    for cls, test in model_paths.MODELS_WITH_LAYERS_CONVERTED.items():
+    for cls, test in {**model_paths.MODELS_WITH_LAYERS_CONVERTED,
+                      **model_paths.MODELS_PER_NODE}.items():
         assert osp.isfile(osp.join(root, test)), (cls.__name__, test)
+    # Every per-node model runs in this file's exactness test.
+    tested = {type(make()) for make, _ in MODELS.values()}
+    assert set(model_paths.MODELS_PER_NODE) <= tested
 
 
 def _refused_instances():

@@ -1,10 +1,10 @@
 """``pyg_sar.nn.sign_features`` computes what
 ``torch_geometric.transforms.SIGN`` stores (``x1`` ... ``xK``), at world
-sizes 1-3, in every mode, with and without chunking and edge weights, in
+sizes 1-4, in every mode, with and without chunking and edge weights, in
 float32 and float64, on a graph with self loops, duplicate edges, isolated
 nodes and a hub whose in-edges span all parts; and ``examples/sign_cora.py``'s
 training on those features follows the single-process loss curve on the
-transform's features.
+transform's features (the last part holding no training node).
 """
 import argparse
 import copy
@@ -19,7 +19,8 @@ from torch_geometric.transforms import SIGN
 import pyg_sar
 from pyg_sar.nn import sign_features
 from _dist import run_workers
-from _graphs import hard_graph
+from _graphs import (hard_graph, last_part_untrained,
+                     last_rank_untrained)
 
 # This file is in tests/<folder>/.
 EXAMPLES = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..',
@@ -48,8 +49,9 @@ def fit_args():
     return argparse.Namespace(lr=0.01, weight_decay=5e-3, epochs=EPOCHS)
 
 
-def masks_of(store):
-    return {s: getattr(store, f'{s}_mask') for s in ('train', 'val', 'test')}
+def masks_of(store, train_mask):
+    return {'train': train_mask, 'val': store.val_mask,
+            'test': store.test_mask}
 
 
 def _worker(rank, world_size, root):
@@ -72,7 +74,8 @@ def _worker(rank, world_size, root):
     torch.manual_seed(7)
     model = sign.mlp(x.size(1), 16, 3)
     pyg_sar.sync_params(model)
-    history = sign.fit(model, x, part.y, masks_of(part), fit_args(),
+    train = last_rank_untrained(part.train_mask, rank, world_size)
+    history = sign.fit(model, x, part.y, masks_of(part, train), fit_args(),
                        count=pyg_sar.global_count,
                        reduce=pyg_sar.all_reduce_grads,
                        total=lambda t: pyg_sar.comm.all_reduce(t))
@@ -93,7 +96,7 @@ def reference(data, weighted, dtype):
     return [data[f'x{k}'] for k in range(1, K + 1)]
 
 
-@pytest.mark.parametrize('world_size', [1, 2, 3])
+@pytest.mark.parametrize('world_size', [1, 2, 3, 4])
 def test_sign_features_and_training_equal_single_process(world_size,
                                                          tmp_path):
     data = hard_graph()
@@ -120,7 +123,8 @@ def test_sign_features_and_training_equal_single_process(world_size,
     x = torch.cat([data.x] + reference(data, False, torch.float32), dim=-1)
     torch.manual_seed(7)
     model = sign.mlp(x.size(1), 16, 3)
-    single = sign.fit(model, x, data.y, masks_of(data), fit_args())
+    train = last_part_untrained(data.train_mask, root, world_size)
+    single = sign.fit(model, x, data.y, masks_of(data, train), fit_args())
     expected = torch.tensor([row[:3] for row in single])
     assert expected[-1, 0] < expected[0, 0]  # it trains
     for rank, r in enumerate(results):
