@@ -32,6 +32,7 @@ order too, so at one worker ``state_dict()`` is the stock one.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Optional
 
 import torch
@@ -51,6 +52,60 @@ def _input_ids(graph: DistGraph) -> Tensor:
         ids = torch.arange(graph.node_offset,
                            graph.node_offset + graph.num_nodes)
     return ids.long()
+
+
+# Rows drawn per block by draw_rows (a multiple of 16).
+DRAW_BLOCK_ROWS = 1 << 14
+
+
+def _normal(block: Tensor, num_rows: int) -> None:
+    torch.nn.init.normal_(block)
+
+
+def _xavier_uniform(block: Tensor, num_rows: int) -> None:
+    # xavier_uniform_ of the whole (num_rows, d) table: fan_in d, fan_out
+    # num_rows.
+    # (torch.nn.init's arithmetic, rounding included).
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / float(num_rows + block.size(1)))
+    block.uniform_(-bound, bound)
+
+
+# The initializations draw_rows reproduces a block at a time (None: the
+# default of torch.nn.Embedding).
+BLOCKWISE_INITS = {None: _normal, torch.nn.init.normal_: _normal,
+                   torch.nn.init.xavier_uniform_: _xavier_uniform}
+
+
+def draw_rows(out: Tensor, num_rows: int, ids: Tensor, init: Optional[
+        Callable] = None, block_rows: int = DRAW_BLOCK_ROWS) -> Tensor:
+    r"""Fills ``out`` with rows ``ids`` of the table that ``init``
+    (``None``/``normal_`` or ``xavier_uniform_``, see
+    :data:`BLOCKWISE_INITS`) would draw for a whole ``(num_rows,
+    out.size(1))`` CPU tensor from the current random state, holding one
+    block of ``block_rows`` rows (a multiple of 16) at a time; the random
+    state then stands where the whole draw would leave it.
+
+    On the CPU, ``uniform_`` draws one number per element in order;
+    ``normal_`` draws a tensor's uniforms in order, transforms them 16 at a
+    time and, when the size is not a multiple of 16, redraws the last 16:
+    blocks of a multiple of 16 elements, the last one holding at least 16,
+    consume and produce the same numbers (a test checks both against the
+    whole draw)."""
+    if block_rows % 16:
+        raise ValueError(f"draw_rows: block_rows={block_rows} is not a "
+                         f"multiple of 16")
+    fill = BLOCKWISE_INITS[init]
+    ids, order = ids.to(out.device).long().sort()
+    cuts = list(range(0, num_rows, block_rows)) + [num_rows]
+    if len(cuts) > 2 and num_rows % block_rows:
+        del cuts[-2]  # the last block takes the remainder (>= 16 elements)
+    bounds = torch.searchsorted(ids, torch.tensor(cuts, device=ids.device))
+    for i, (start, end) in enumerate(zip(cuts[:-1], cuts[1:])):
+        block = out.new_empty(end - start, out.size(1))
+        fill(block, num_rows)
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        out[order[lo:hi]] = block[ids[lo:hi] - start]
+    return out
 
 
 class DistEmbedding(torch.nn.Embedding):
@@ -92,11 +147,18 @@ class DistEmbedding(torch.nn.Embedding):
         """Whether this worker holds only its own rows."""
         return self.graph is not None
 
-    def shard_(self, graph: DistGraph) -> 'DistEmbedding':
+    def shard_(self, graph: DistGraph, init: Optional[Callable] = None
+               ) -> 'DistEmbedding':
         """Keeps only the rows of ``graph``'s local nodes, in place (the
         ``Parameter`` object stays, so an optimizer built before still
         holds it; shard before its first step). Again with the same
-        partition: nothing to do."""
+        partition: nothing to do.
+
+        A table built on the ``meta`` device (``torch.nn.Embedding(n, d,
+        device='meta')``: the whole table never exists) gets its local rows
+        of ``init``'s stock draw (:meth:`reset_parameters`), on the graph's
+        device, in a new ``Parameter``; memory per worker stays about
+        ``n / N`` rows throughout."""
         if self.graph is not None:
             self._check_graph(graph)
             return self
@@ -113,15 +175,28 @@ class DistEmbedding(torch.nn.Embedding):
             raise RuntimeError("DistEmbedding: shard the table before its "
                                "first backward (it has a gradient of the "
                                "whole table)")
-        ids = _input_ids(graph).to(self.weight.device)
-        with torch.no_grad():
-            self.weight.data = self.weight.data[ids].contiguous()
+        ids = _input_ids(graph)
+        meta = self.weight.is_meta
+        if meta:
+            # Built under torch.device('meta'): the whole table never
+            # existed; this worker's rows of the stock initialization are
+            # drawn below.
+            self.weight = torch.nn.Parameter(
+                torch.empty(ids.numel(), self.embedding_dim,
+                            dtype=self.weight.dtype, device=graph.device),
+                requires_grad=self.weight.requires_grad)
+        else:
+            ids = ids.to(self.weight.device)
+            with torch.no_grad():
+                self.weight.data = self.weight.data[ids].contiguous()
         self.weight.sar_sharded = True
         self.graph = graph
         if self.padding_idx is not None:
             pad = self.padding_idx % self.num_embeddings
             at = (ids == pad).nonzero().view(-1)
             self._local_padding = int(at[0]) if at.numel() else None
+        if meta:
+            self.reset_parameters(init)
         return self
 
     def _check_graph(self, graph) -> None:
@@ -140,23 +215,34 @@ class DistEmbedding(torch.nn.Embedding):
     def reset_parameters(self, init: Optional[Callable] = None) -> None:
         """Draws the stock table's initialization (``init``, default
         ``normal_`` with the padding row zeroed, as ``Embedding``) and keeps
-        the local rows: every worker draws the whole table once (a
-        temporary of ``num_embeddings`` rows), so with the same random
-        state every worker gets its rows of the single-process table."""
+        the local rows, so with the same random state every worker gets its
+rows of the single-process table. On a CPU table of
+        ``float32``/``float64``, ``normal_`` and ``xavier_uniform_`` draw
+        the table a block of rows at a time (:func:`draw_rows`: the same
+        numbers, one block in memory); another ``init``, device or dtype
+        draws the whole table once (a temporary of ``num_embeddings``
+        rows)."""
         if self.graph is None:
             if init is None:
                 return super().reset_parameters()
             return init(self.weight)
+        ids = _input_ids(self.graph).to(self.weight.device)
+        if init in BLOCKWISE_INITS and self.weight.device.type == 'cpu' \
+                and self.weight.dtype in (torch.float32, torch.float64):
+            with torch.no_grad():
+                draw_rows(self.weight, self.num_embeddings, ids, init)
+                if init is None and self._local_padding is not None:
+                    self.weight[self._local_padding].fill_(0)
+            return
         full = self.weight.new_empty(self.num_embeddings, self.embedding_dim)
         if init is None:
             torch.nn.init.normal_(full)
             if self.padding_idx is not None:
-                with torch.no_grad():
-                    full[self.padding_idx].fill_(0)
+                full[self.padding_idx].fill_(0)
         else:
             init(full)
         with torch.no_grad():
-            self.weight.copy_(full[_input_ids(self.graph).to(full.device)])
+            self.weight.copy_(full[ids])
 
     def forward(self, input: Optional[Tensor] = None) -> Tensor:
         if input is None:

@@ -6,7 +6,9 @@ embeddings, its scores of node pairs whose ends live on different ranks,
 its link-prediction and BPR losses, and the gradient of every row of the
 table (summed at the row's owner); a sparse table with a padding row and
 ``scale_grad_by_freq`` read by node id (sparse gradients at the owners);
-the stock state_dict round trip; each worker's table holds only its rows.
+the stock state_dict round trip; each worker's table holds only its rows,
+also when built sharded (``LightGCN(..., graph=)``, a meta table), where
+the whole table never exists.
 """
 import pytest
 import torch
@@ -16,6 +18,8 @@ import pyg_sar
 from pyg_sar import comm
 from pyg_sar.graph.link import local_share
 from pyg_sar.nn import DistEmbedding, to_distributed
+from pyg_sar.nn.embedding import draw_rows
+from pyg_sar.nn.models import LightGCN as SarLightGCN
 from _dist import run_workers
 from _exact import BY_DTYPE, FLOAT32, assemble, close, mismatches, report
 from _graphs import hard_graph
@@ -122,6 +126,19 @@ def _worker(rank, world_size, root, t):
         out['own_refused'] = None
     except RuntimeError as e:
         out['own_refused'] = str(e)
+    # Built sharded (graph=): the whole table never exists on a worker; the
+    # rows and the random state after are the stock constructor's. A table
+    # built on the meta device gets its rows of Embedding's own draw.
+    torch.manual_seed(0)
+    built = SarLightGCN(graph.num_global_nodes, DIM, 2, graph=graph)
+    weight = built.embedding.weight
+    out['built'] = (weight.detach().clone(), torch.rand(3),
+                    weight.untyped_storage().nbytes())
+    torch.manual_seed(1)
+    meta = DistEmbedding(torch.nn.Embedding(graph.num_global_nodes, 4,
+                                            padding_idx=7, device='meta'),
+                         graph)
+    out['meta'] = (meta.weight.detach().clone(), torch.rand(3))
     if world_size > 1:  # replicated checkpoints refuse a sharded table
         from pyg_sar.train import checkpoint
         try:
@@ -171,6 +188,18 @@ def test_light_gcn_and_sharded_tables_equal_one_process(world_size,
                           FLOAT32, f'{name} table world={world_size} '
                           f'dL/dweight')
     report(failures)
+    torch.manual_seed(0)
+    stock = LightGCN(N, DIM, 2).embedding.weight.detach()
+    after = torch.rand(3)
+    torch.manual_seed(1)
+    meta = torch.nn.Embedding(N, 4, padding_idx=7).weight.detach()
+    meta_after = torch.rand(3)
+    for r in results:
+        assert torch.equal(r['built'][0], stock[r['ids']])
+        assert torch.equal(r['built'][1], after)
+        assert r['built'][2] == r['ids'].numel() * DIM * 4
+        assert torch.equal(r['meta'][0], meta[r['ids']])
+        assert torch.equal(r['meta'][1], meta_after)
     for r in results:
         assert set(r['full']) == set(ref['state'])
         for k, v in ref['state'].items():
@@ -189,6 +218,28 @@ def test_light_gcn_and_sharded_tables_equal_one_process(world_size,
 
 
 # Refusals (one worker, no process group) ##################################
+
+@pytest.mark.parametrize('init', [None, torch.nn.init.xavier_uniform_])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_rows_drawn_by_blocks_equal_the_whole_draw(init, dtype):
+    """draw_rows keeps one block of rows at a time and gives the rows, and
+    leaves the random state, of one whole draw: sizes below 16 elements,
+    not multiples of 16, a last block that would be short."""
+    for rows, dim, block in [(3, 2, 16), (40, 1, 16), (33, 1, 16),
+                             (1000, 7, 16), (1000, 7, 64), (4099, 3, 256)]:
+        torch.manual_seed(3)
+        whole = torch.empty(rows, dim, dtype=dtype)
+        (init or torch.nn.init.normal_)(whole)
+        after = torch.rand(2)
+        ids = torch.randperm(rows)[:max(1, rows // 3)]
+        torch.manual_seed(3)
+        got = draw_rows(torch.empty(ids.numel(), dim, dtype=dtype), rows,
+                        ids, init, block_rows=block)
+        assert torch.equal(got, whole[ids]), (rows, dim, block)
+        assert torch.equal(torch.rand(2), after), (rows, dim, block)
+    with pytest.raises(ValueError, match='block_rows=24'):
+        draw_rows(torch.empty(1, 1), 4, torch.tensor([0]), block_rows=24)
+
 
 def test_table_size_must_be_the_graphs_node_count(hard_part):
     data, part = hard_part

@@ -27,7 +27,9 @@ nodes. What spans the workers:
 - ``recommend`` (a top-k over every node of the graph) is refused by name.
 
 ``reset_parameters`` draws the stock initialization of the whole table
-(``xavier_uniform_``) and keeps the local rows.
+(``xavier_uniform_``) a block of rows at a time and keeps the local rows;
+``LightGCN(..., graph=graph)`` builds the table sharded, so that the whole
+table never exists on a worker.
 """
 from typing import Optional
 
@@ -40,7 +42,7 @@ from pyg_sar import comm
 from pyg_sar.graph import DistGraph
 from pyg_sar.graph.link import fetch_nodes, global_ids
 from pyg_sar.nn.convert import convert_children, register_composite
-from pyg_sar.nn.embedding import DistEmbedding
+from pyg_sar.nn.embedding import DistEmbedding, draw_rows
 
 
 class LightGCN(StockLightGCN):
@@ -55,6 +57,13 @@ class LightGCN(StockLightGCN):
         num_layers (int): The number of ``LGConv`` layers.
         alpha (float or torch.Tensor, optional): The weights of the layers'
             embeddings (default: :obj:`1 / (num_layers + 1)` each).
+        graph (DistGraph, optional): A pyg_sar extension: the table is
+            sharded by this graph's partition as it is built, so the whole
+            table never exists on a worker (memory ~``num_nodes / N`` rows
+            from the start); its rows are the stock model's, built from the
+            same random state, which it leaves as the stock constructor
+            does. Without it, the stock table is built whole and sharded on
+            the first call with a ``DistGraph``.
         **kwargs (optional): Arguments of the ``LGConv`` layers.
 
     Shapes:
@@ -64,6 +73,24 @@ class LightGCN(StockLightGCN):
         - **output:** :math:`(E_p)`; ``get_embedding``:
           :math:`(|\mathcal{V}^{(p)}|, d)`
     """
+
+    def __init__(self, num_nodes: int, embedding_dim: int, num_layers: int,
+                 alpha=None, graph: Optional[DistGraph] = None,
+                 **kwargs) -> None:
+        if graph is None:
+            super().__init__(num_nodes, embedding_dim, num_layers, alpha,
+                             **kwargs)
+            return
+        super().__init__(0, embedding_dim, num_layers, alpha, **kwargs)
+        self.num_nodes = num_nodes
+        # The stock constructor draws the whole table twice: Embedding's own
+        # normal_ (consumed here, nothing kept), then reset_parameters'
+        # xavier_uniform_ (this worker's rows kept), a block at a time.
+        draw_rows(torch.empty(0, embedding_dim), num_nodes,
+                  torch.empty(0, dtype=torch.long))
+        table = torch.nn.Embedding(num_nodes, embedding_dim, device='meta')
+        self.embedding = DistEmbedding(table).shard_(
+            graph, torch.nn.init.xavier_uniform_)
 
     def reset_parameters(self):
         embedding = getattr(self, 'embedding', None)
