@@ -179,3 +179,50 @@ def test_fused_dropout_replays_the_unfused_masks(run, kind):
                 failures += close(fused[2][name], grad,
                                   BY_DTYPE[torch.float64], f'{what} {name}')
     report(failures)
+
+
+def _triton_worker(rank, world_size, root):
+    from pyg_sar.nn.engine import fused
+    ran = []
+    forward = fused.FusedAttentionAggregator.forward
+
+    def counted(self, *args):
+        ran.append(self.impl.__name__)
+        return forward(self, *args)
+    fused.FusedAttentionAggregator.forward = counted
+    part = pyg_sar.load_partition(root, rank)
+    # Chunked: blocks fold into the running max and sum chunk by chunk.
+    graph = pyg_sar.DistGraph(part, mode='sar', chunk_size=4 * CHUNK)
+    results = {'ids': part.orig_ids}
+    for kind in ('gat_edge_mean', 'gatv2_edge_shared'):
+        conv = pyg_sar.nn.to_distributed(build(kind, 6, torch.float64))
+        results[kind] = _run(conv, part.x.double(), graph,
+                             part.edge_attr.double(), part.orig_ids)
+    results['ran'] = sorted(set(ran))
+    return results
+
+
+def test_triton_kernels_in_the_engine_interpreted(tmp_path, monkeypatch):
+    """The Triton kernels (interpreted on CPU tensors) inside the engine, at
+    world size 2, chunked, in float64, against single-process PyG."""
+    from pyg_sar.nn.engine import kernels
+    if not kernels.triton_available():
+        pytest.skip('triton is not installed (pip install triton; the test '
+                    'extra lists it)')
+    data = graph_data()
+    pyg_sar.partition_graph(data, 2, str(tmp_path))
+    # In the workers' environment from their start: Triton reads it when
+    # it is imported (some imports of torch's may import it early).
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    monkeypatch.setenv('PYG_SAR_FUSED', 'triton')
+    results = run_workers(_triton_worker, 2, str(tmp_path), timeout_s=300)
+    ids = [r['ids'] for r in results]
+    failures = []
+    for r in results:
+        assert r['ran'] == ['pyg_sar.nn.engine.kernels.gpu'], r['ran']
+    for kind in ('gat_edge_mean', 'gatv2_edge_shared'):
+        failures += mismatches(f'{kind} triton world=2', ids,
+                               [r[kind] for r in results],
+                               _reference(data, kind, torch.float64),
+                               BY_DTYPE[torch.float64])
+    report(failures)

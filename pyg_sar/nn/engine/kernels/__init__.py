@@ -31,6 +31,7 @@ Backends: :mod:`.cpu` (a C++ extension compiled on first use) and
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Any, Optional, Tuple
@@ -49,7 +50,7 @@ ENV = 'PYG_SAR_FUSED'
 def triton_available() -> bool:
     """Whether Triton imports (it ships with CUDA builds of torch)."""
     try:
-        import triton  # noqa: F401
+        importlib.import_module('triton')
     except Exception:
         return False
     return True
