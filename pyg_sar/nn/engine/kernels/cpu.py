@@ -26,9 +26,24 @@ def load() -> Optional[Any]:
         return _STATE['module']
 
 
+def _ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from ``PATH``; the pip
+    package's binary is not there when the venv is not activated."""
+    import shutil
+    if shutil.which('ninja'):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ['PATH'] = ninja.BIN_DIR + os.pathsep + \
+        os.environ.get('PATH', '')
+
+
 def _build() -> Optional[Any]:
     try:
         from torch.utils import cpp_extension
+        _ninja_on_path()
         with open(_SOURCE, 'rb') as f:
             # The source's hash names the build: an edited kernel never
             # reuses a stale cached one.
