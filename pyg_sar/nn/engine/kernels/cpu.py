@@ -36,8 +36,10 @@ def _ninja_on_path() -> None:
         import ninja
     except ImportError:
         return
-    os.environ['PATH'] = ninja.BIN_DIR + os.pathsep + \
-        os.environ.get('PATH', '')
+    bin_dir = getattr(ninja, 'BIN_DIR', None)
+    if bin_dir:
+        os.environ['PATH'] = bin_dir + os.pathsep + \
+            os.environ.get('PATH', '')
 
 
 def _build() -> Optional[Any]:
