@@ -338,11 +338,15 @@ def _gat_against_pyg(tmp_path, data, world_size, budget, mode, dims,
 
 @pytest.mark.parametrize('world_size,mode', [(1, 'sar'), (3, 'sar'),
                                              (3, 'sa'), (3, 'one_shot')])
-def test_gat_with_row_limited_chunks_matches_pyg(tmp_path, world_size, mode):
+def test_gat_with_row_limited_chunks_matches_pyg(tmp_path, world_size, mode,
+                                                 monkeypatch):
     # A 32 KiB edge budget limits attention chunks to 16 destination rows
     # (edge_memory_budget / 2 KiB): the per-head products of every chunk,
     # a peer's blocks included, then cover few rows. Outputs and every
-    # gradient stay those of stock PyG.
+    # gradient stay those of stock PyG. (The separate-operator path's
+    # sparse value products: the fused kernels build no per-head
+    # node-sized results and need no row limit.)
+    monkeypatch.setenv('PYG_SAR_FUSED', '0')
     results = _gat_against_pyg(tmp_path, hard_graph(), world_size,
                                32 * 1024, mode, (6, 4, 2))
     for *_, cuts in results:
@@ -350,21 +354,28 @@ def test_gat_with_row_limited_chunks_matches_pyg(tmp_path, world_size, mode):
         assert max(spans) <= 16 and len(spans) > world_size
 
 
+@pytest.mark.parametrize('fused', [True, False])
 @pytest.mark.parametrize('world_size', [1, 2])
-def test_attention_chunks_fall_with_the_worker_share(tmp_path, world_size):
+def test_attention_chunks_fall_with_the_worker_share(tmp_path, world_size,
+                                                     fused, monkeypatch):
     # At the default 16 MiB edge budget, a worker whose value table (its
     # nodes x 4 heads x 32 channels, 4 B each: 2 MiB here at one worker)
     # is smaller than the budget keeps a chunk's temporaries within that
     # table: at least 256 B of them per edge, so at most table / 256
-    # edges per chunk (the fixed budget cut 32,768). Outputs and every
-    # gradient stay those of stock PyG.
+    # edges per chunk (the fixed budget cut 32,768). The fused kernels
+    # keep at least four [E, heads] float32 tensors per edge (64 B): at
+    # most table / 64 edges. Outputs and every gradient stay those of
+    # stock PyG.
     from pyg_sar.datasets import synthetic_graph
+    monkeypatch.setenv('PYG_SAR_FUSED', '1' if fused else '0')
+    per_edge = 64 if fused else 256
     results = _gat_against_pyg(tmp_path, synthetic_graph(4000, 10, 16, 4),
                                world_size, None, 'sar', (16, 32, 4),
                                FLOAT32_LARGE)
     for ids, *_, cuts in results:
         table = ids.numel() * 4 * 32 * 4
-        assert max(edges for _, edges in cuts) <= max(1 << 20, table) // 256
+        assert max(edges for _, edges in cuts) <= \
+            max(1 << 20, table) // per_edge
 
 
 @pytest.mark.parametrize('num_nodes,expected', [

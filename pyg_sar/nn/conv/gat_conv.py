@@ -8,6 +8,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_sar.graph import DistGraph
+from pyg_sar.nn.engine.spec import FusedScore
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -125,15 +126,29 @@ class GATConv(DistMessagePassing):
                    edge_attr: Optional[Tensor]) -> Tensor:
         alpha = alpha_j + alpha_i
         if edge_attr is not None and self.lin_edge is not None:
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.view(-1, 1)
-            edge_attr = self.lin_edge(edge_attr).view(-1, self.heads,
-                                                      self.out_channels)
-            alpha = alpha + (edge_attr * self.att_edge).sum(dim=-1)
+            alpha = alpha + self.fused_edge_term(edge_attr)
         return F.leaky_relu(alpha, self.negative_slope)
 
     def message(self, x_j: Tensor) -> Tensor:
         return x_j
+
+    def fused_score(self) -> FusedScore:
+        """The score as the fused kernels compute it
+        (:mod:`pyg_sar.nn.engine.kernels`): ``lrelu(alpha_j + alpha_i +
+        edge term)``."""
+        return FusedScore('gat', 'alpha', self.negative_slope,
+                          edge='edge_attr')
+
+    def fused_edge_term(self, edge_attr: Tensor) -> Optional[Tensor]:
+        """The edge term of the score, ``[E, heads]``, from the edges'
+        attributes (``None`` without ``edge_dim``)."""
+        if self.lin_edge is None:
+            return None
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        edge_attr = self.lin_edge(edge_attr).view(-1, self.heads,
+                                                  self.out_channels)
+        return (edge_attr * self.att_edge).sum(dim=-1)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '

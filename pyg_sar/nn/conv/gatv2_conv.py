@@ -8,6 +8,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_sar.graph import DistGraph
+from pyg_sar.nn.engine.spec import FusedScore
 from pyg_sar.nn.conv.gat_conv import combine_heads, loop_view
 from pyg_sar.nn.message_passing import DistMessagePassing
 
@@ -114,15 +115,30 @@ class GATv2Conv(DistMessagePassing):
                    edge_attr: Optional[Tensor]) -> Tensor:
         x = x_i + x_j
         if edge_attr is not None:
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.view(-1, 1)
-            x = x + self.lin_edge(edge_attr).view(-1, self.heads,
-                                                  self.out_channels)
+            x = x + self._edge_features(edge_attr)
         x = F.leaky_relu(x, self.negative_slope)
         return (x * self.att).sum(dim=-1)
 
     def message(self, x_j: Tensor) -> Tensor:
         return x_j
+
+    def fused_score(self) -> FusedScore:
+        """The score as the fused kernels compute it
+        (:mod:`pyg_sar.nn.engine.kernels`): ``att . lrelu(x_j + x_i +
+        edge term)``."""
+        return FusedScore('gatv2', 'x', self.negative_slope, att=self.att,
+                          edge='edge_attr')
+
+    def fused_edge_term(self, edge_attr: Tensor) -> Optional[Tensor]:
+        """The edge term of the score, ``[E, heads, out_channels]``."""
+        return self._edge_features(edge_attr)
+
+    def _edge_features(self, edge_attr: Tensor) -> Tensor:
+        # As PyG: edge features without edge_dim fail in lin_edge (None).
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        return self.lin_edge(edge_attr).view(-1, self.heads,
+                                             self.out_channels)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '

@@ -33,6 +33,9 @@ kind, and the graph's transport moves rows.
 * :mod:`.messages`: messages evaluated per chunk, and their backward;
 * :mod:`.reduce`: sum / mean / max / min of messages and their gradient;
 * :mod:`.attention`: the online softmax, dropout and attention gradients.
+* :mod:`.fused`: the same online softmax with fused kernels per chunk for
+  GAT- and GATv2-style scores, and the choice between the two paths;
+* :mod:`.kernels`: those kernels (C++ on CPU, Triton on CUDA).
 """
 from pyg_sar.nn.engine.function import SARFunction
 from pyg_sar.nn.engine.plan import SUPPORTED_AGGRS, propagate

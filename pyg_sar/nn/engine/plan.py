@@ -18,6 +18,7 @@ from torch import Tensor
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn.engine.attention import AttentionAggregator
+from pyg_sar.nn.engine.fused import aggregator_for
 from pyg_sar.nn.engine.function import SARFunction, compute_dtype
 from pyg_sar.nn.engine.reduce import ReduceAggregator
 from pyg_sar.nn.engine.sparse import SparseAggregator
@@ -182,6 +183,9 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
             add_to = add_to.clone()
         plan.init_slot = slot(add_to)
     plan.aggregator = AGGREGATORS[plan.kind]
+    if plan.kind == 'attention' and not half:
+        # The fused kernels where the layer's score is one they compute.
+        plan.aggregator = aggregator_for(plan, tensors)
     out = SARFunction.apply(plan, *tensors)
     if half:
         # Computed in float32; returned in the dtype PyG's own propagate

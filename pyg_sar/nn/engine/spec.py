@@ -49,3 +49,25 @@ class Plan:
     # :func:`pyg_sar.nn.engine.plan.propagate`), called with the plan and
     # its inputs.
     aggregator: Any = None
+    # ``(FusedScore, kernels)`` when the fused attention kernels run it.
+    fused: Any = None
+
+
+@dataclass
+class FusedScore:
+    """How an attention layer's ``edge_score`` decomposes, for the fused
+    kernels (:mod:`.kernels`): returned by the layer's ``fused_score()``
+    (``None``: not fusable as configured).
+
+    ``kind`` ``'gat'``: ``lrelu(score_j + score_i [+ edge term])`` with
+    ``[N, H]`` terms; ``'gatv2'``: ``att . lrelu(score_j + score_i [+ edge
+    term])`` with ``[N, H, C]`` terms. ``score`` names the propagate
+    argument read as ``<score>_j`` and ``<score>_i``; the values are the
+    rows of the message's source argument. The layer's ``fused_edge_term
+    (edge_rows)`` gives a chunk's edge term from the gathered rows of the
+    ``edge`` argument (``None`` when there is none)."""
+    kind: str
+    score: str
+    negative_slope: float
+    att: Optional[Tensor] = None
+    edge: Optional[str] = None

@@ -1,0 +1,347 @@
+// Fused attention over one CSR-ordered edge chunk (pyg_sar's online softmax).
+//
+// Score kinds (``kind``):
+//   0  GAT:   a_e = lrelu(s_src[j,h] + s_dst[i,h] (+ edge[e,h]))
+//   1  GATv2: a_e = sum_c att[h,c] * lrelu(s_src[j,h,c] + s_dst[i,h,c]
+//                                           (+ edge[e,h,c]))
+// Values are rows value[j,h,:]. Destination rows are the chunk's rows
+// [0, R): crow is their row pointer over the chunk's edges, col the source
+// of each edge. Work is split over destination rows (no atomics); the
+// gradient of source rows is a second pass over the transposed chunk.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr double kEps = 1e-16;  // PyG's softmax normalizer epsilon
+
+template <typename T>
+inline T lrelu(T x, T slope) { return x > T(0) ? x : x * slope; }
+
+template <typename T>
+inline T lrelu_grad(T x, T slope) { return x > T(0) ? T(1) : slope; }
+
+// Row (n, h) of an [N, H, C] table with unit channel stride and any node and
+// head strides (the engine fetches value tables head-major).
+template <typename T>
+struct Rows {
+  T* p = nullptr;
+  int64_t sn = 0, sh = 0;
+  Rows() = default;
+  explicit Rows(const torch::Tensor& t) {
+    if (t.numel()) {
+      TORCH_CHECK(t.dim() != 3 || t.stride(2) == 1,
+                  "fused attention: channels must be contiguous");
+      p = static_cast<T*>(t.data_ptr());
+      sn = t.stride(0);
+      sh = t.dim() > 1 ? t.stride(1) : 0;
+    }
+  }
+  inline T* at(int64_t n, int64_t h) const { return p + n * sn + h * sh; }
+  explicit operator bool() const { return p != nullptr; }
+};
+
+// The logit of edge e (source j, row i) and head h. GAT's tables are
+// [N, H] (one term per node and head), GATv2's [N, H, C].
+template <typename T, int KIND>
+inline T logit(const Rows<const T>& ss, const Rows<const T>& sd,
+               const Rows<const T>& ed, const T* att, int64_t j, int64_t i,
+               int64_t e, int64_t h, int64_t C, T slope) {
+  if (KIND == 0) {
+    T v = *ss.at(j, h) + *sd.at(i, h);
+    if (ed) v += *ed.at(e, h);
+    return lrelu(v, slope);
+  }
+  const T *sj = ss.at(j, h), *si = sd.at(i, h), *a = att + h * C;
+  T acc = 0;
+  if (ed) {
+    const T* eh = ed.at(e, h);
+    for (int64_t c = 0; c < C; ++c)
+      acc += a[c] * lrelu(sj[c] + si[c] + eh[c], slope);
+  } else {
+    for (int64_t c = 0; c < C; ++c) acc += a[c] * lrelu(sj[c] + si[c], slope);
+  }
+  return acc;
+}
+
+// Rows gathered by index are the chunk's cache misses: ask for the row of
+// the edge kAhead places on while this one is computed.
+constexpr int64_t kAhead = 4;
+
+template <typename T>
+inline void prefetch_rows(const Rows<T>& t, int64_t n, int64_t H, int64_t C) {
+  for (int64_t h = 0; h < H; ++h) {
+    const char* p = reinterpret_cast<const char*>(t.at(n, h));
+    for (int64_t b = 0; b < C * static_cast<int64_t>(sizeof(T)); b += 64)
+      __builtin_prefetch(p + b);
+  }
+}
+
+template <typename T>
+inline const T* ptr_or_null(const torch::Tensor& t) {
+  return t.numel() ? t.data_ptr<T>() : nullptr;
+}
+
+// One chunk folded into the running max, sum and (unnormalized) output of
+// its rows; rows with no edge in the chunk are untouched.
+template <typename T, typename I, int KIND>
+void forward_impl(const torch::Tensor& crow, const torch::Tensor& col,
+                  const torch::Tensor& s_src, const torch::Tensor& s_dst,
+                  const torch::Tensor& edge, const torch::Tensor& att,
+                  const torch::Tensor& value, const torch::Tensor& mask,
+                  torch::Tensor& run_max, torch::Tensor& run_sum,
+                  torch::Tensor& out, double slope_d) {
+  const int64_t R = crow.numel() - 1;
+  const int64_t H = run_max.size(1), C = value.size(2);
+  const I* rp = crow.data_ptr<I>();
+  const I* cl = col.data_ptr<I>();
+  const Rows<const T> ss(s_src), sd(s_dst), ed(edge), val(value);
+  const T *at = ptr_or_null<T>(att), *mk = ptr_or_null<T>(mask);
+  T *mx = run_max.data_ptr<T>(), *sm = run_sum.data_ptr<T>();
+  const Rows<T> o(out);
+  const T slope = static_cast<T>(slope_d);
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<T> logits, nmax(H), scale(H);
+    for (int64_t i = r0; i < r1; ++i) {
+      const int64_t e0 = rp[i], e1 = rp[i + 1];
+      if (e1 == e0) continue;
+      logits.resize((e1 - e0) * H);
+      for (int64_t h = 0; h < H; ++h) nmax[h] = mx[i * H + h];
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t j = cl[e];
+        for (int64_t h = 0; h < H; ++h) {
+          const T a = logit<T, KIND>(ss, sd, ed, at, j, i, e, h, C, slope);
+          logits[(e - e0) * H + h] = a;
+          if (a > nmax[h]) nmax[h] = a;
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const T old = mx[i * H + h];
+        scale[h] = nmax[h] == -std::numeric_limits<T>::infinity()
+                       ? T(0) : std::exp(old - nmax[h]);
+        sm[i * H + h] *= scale[h];
+        mx[i * H + h] = nmax[h];
+        T* oh = o.at(i, h);
+        for (int64_t c = 0; c < C; ++c) oh[c] *= scale[h];
+      }
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t j = cl[e];
+        if (e + kAhead < e1) prefetch_rows(val, cl[e + kAhead], H, C);
+        for (int64_t h = 0; h < H; ++h) {
+          T w = std::exp(logits[(e - e0) * H + h] - nmax[h]);
+          sm[i * H + h] += w;
+          if (mk) w *= mk[e * H + h];
+          T* oh = o.at(i, h);
+          const T* vh = val.at(j, h);
+          for (int64_t c = 0; c < C; ++c) oh[c] += w * vh[c];
+        }
+      }
+    }
+  });
+}
+
+// Backward over destination rows, probabilities recomputed from the final
+// max and sum: per edge the weight p*z of the value gradient (w) and the
+// gradient of the pre-activation (GAT, [E, H]) or of the logit (GATv2,
+// [E, H]) (ds); the destination terms' gradient (added); for GATv2 the
+// per-channel edge gradient (written) and the gradient of att (added, one
+// [H, C] slab per thread).
+template <typename T, typename I, int KIND>
+void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
+                        const torch::Tensor& s_src, const torch::Tensor& s_dst,
+                        const torch::Tensor& edge, const torch::Tensor& att,
+                        const torch::Tensor& value, const torch::Tensor& mask,
+                        const torch::Tensor& run_max,
+                        const torch::Tensor& run_sum,
+                        const torch::Tensor& grad_out,
+                        const torch::Tensor& delta, torch::Tensor& w_out,
+                        torch::Tensor& ds_out, torch::Tensor& grad_dst,
+                        torch::Tensor& grad_edge, torch::Tensor& grad_att,
+                        double slope_d) {
+  const int64_t R = crow.numel() - 1;
+  const int64_t H = run_max.size(1), C = value.size(2);
+  const I* rp = crow.data_ptr<I>();
+  const I* cl = col.data_ptr<I>();
+  const Rows<const T> ss(s_src), sd(s_dst), ed(edge), val(value);
+  const Rows<const T> go(grad_out);
+  const T *at = ptr_or_null<T>(att), *mk = ptr_or_null<T>(mask);
+  const T *mx = run_max.data_ptr<T>(), *sm = run_sum.data_ptr<T>();
+  const T* dl = delta.data_ptr<T>();
+  T *w = w_out.data_ptr<T>(), *ds = ds_out.data_ptr<T>();
+  const Rows<T> gd(grad_dst), ge(grad_edge);
+  T* ga = grad_att.numel() ? grad_att.data_ptr<T>() : nullptr;
+  const T slope = static_cast<T>(slope_d);
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    T* ga_t = ga ? ga + at::get_thread_num() * H * C : nullptr;
+    for (int64_t i = r0; i < r1; ++i) {
+      for (int64_t e = rp[i]; e < rp[i + 1]; ++e) {
+        const int64_t j = cl[e];
+        if (e + kAhead < rp[i + 1]) prefetch_rows(val, cl[e + kAhead], H, C);
+        for (int64_t h = 0; h < H; ++h) {
+          const T a = logit<T, KIND>(ss, sd, ed, at, j, i, e, h, C, slope);
+          const T p = std::exp(a - mx[i * H + h]) /
+                      (sm[i * H + h] + static_cast<T>(kEps));
+          const T z = mk ? mk[e * H + h] : T(1);
+          const T *gh = go.at(i, h), *vh = val.at(j, h);
+          T dot = 0;
+          for (int64_t c = 0; c < C; ++c) dot += gh[c] * vh[c];
+          const T da = p * (z * dot - dl[i * H + h]);
+          w[e * H + h] = p * z;
+          if (KIND == 0) {
+            T pre = *ss.at(j, h) + *sd.at(i, h);
+            if (ed) pre += *ed.at(e, h);
+            const T g = da * lrelu_grad(pre, slope);
+            ds[e * H + h] = g;
+            *gd.at(i, h) += g;
+          } else {
+            ds[e * H + h] = da;
+            const T *ah = at + h * C, *sj = ss.at(j, h), *si = sd.at(i, h);
+            const T* eh = ed ? ed.at(e, h) : nullptr;
+            T* gdi = gd.at(i, h);
+            T* geh = ge ? ge.at(e, h) : nullptr;
+            T* gah = ga_t + h * C;
+            for (int64_t c = 0; c < C; ++c) {
+              const T pre = sj[c] + si[c] + (eh ? eh[c] : T(0));
+              const T g = da * ah[c] * lrelu_grad(pre, slope);
+              gdi[c] += g;
+              if (geh) geh[c] = g;
+              gah[c] += da * lrelu(pre, slope);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// Backward over sources (the transposed chunk: rows are sources, perm maps
+// its entries to chunk edges): the value gradient sum_e w_e dO_i, and the
+// source terms' gradient (GAT: sum_e ds_e; GATv2: per channel).
+template <typename T, typename I, int KIND>
+void backward_cols_impl(const torch::Tensor& crow_t, const torch::Tensor& col_t,
+                        const torch::Tensor& perm, const torch::Tensor& s_src,
+                        const torch::Tensor& s_dst, const torch::Tensor& edge,
+                        const torch::Tensor& att, const torch::Tensor& grad_out,
+                        const torch::Tensor& w, const torch::Tensor& ds,
+                        torch::Tensor& grad_value, torch::Tensor& grad_src,
+                        double slope_d) {
+  const int64_t S = crow_t.numel() - 1;
+  const int64_t H = w.size(1), C = grad_out.size(2);
+  const I* rp = crow_t.data_ptr<I>();
+  const I* cl = col_t.data_ptr<I>();
+  const I* pm = perm.data_ptr<I>();
+  const Rows<const T> ss(s_src), sd(s_dst), ed(edge), go(grad_out);
+  const T* at = ptr_or_null<T>(att);
+  const T *wp = w.data_ptr<T>(), *dsp = ds.data_ptr<T>();
+  const Rows<T> gv(grad_value), gs(grad_src);
+  const T slope = static_cast<T>(slope_d);
+  at::parallel_for(0, S, 64, [&](int64_t s0, int64_t s1) {
+    for (int64_t j = s0; j < s1; ++j) {
+      for (int64_t k = rp[j]; k < rp[j + 1]; ++k) {
+        const int64_t i = cl[k], e = pm[k];
+        if (k + kAhead < rp[j + 1]) prefetch_rows(go, cl[k + kAhead], H, C);
+        for (int64_t h = 0; h < H; ++h) {
+          const T* gh = go.at(i, h);
+          if (gv) {
+            const T we = wp[e * H + h];
+            T* gvh = gv.at(j, h);
+            for (int64_t c = 0; c < C; ++c) gvh[c] += we * gh[c];
+          }
+          if (!gs) continue;
+          const T g = dsp[e * H + h];
+          if (KIND == 0) {
+            *gs.at(j, h) += g;
+          } else {
+            const T *ah = at + h * C, *sj = ss.at(j, h), *si = sd.at(i, h);
+            const T* eh = ed ? ed.at(e, h) : nullptr;
+            T* gsh = gs.at(j, h);
+            for (int64_t c = 0; c < C; ++c) {
+              const T pre = sj[c] + si[c] + (eh ? eh[c] : T(0));
+              gsh[c] += g * ah[c] * lrelu_grad(pre, slope);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+#define DISPATCH_KIND(kind, ...)                 \
+  if ((kind) == 0) {                             \
+    constexpr int KIND = 0;                      \
+    __VA_ARGS__();                               \
+  } else {                                       \
+    constexpr int KIND = 1;                      \
+    __VA_ARGS__();                               \
+  }
+
+void forward(int64_t kind, torch::Tensor crow, torch::Tensor col,
+             torch::Tensor s_src, torch::Tensor s_dst, torch::Tensor edge,
+             torch::Tensor att, torch::Tensor value, torch::Tensor mask,
+             torch::Tensor run_max, torch::Tensor run_sum, torch::Tensor out,
+             double slope) {
+  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "fused_forward", [&] {
+    using T = scalar_t;
+    AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "fused_forward_idx", [&] {
+      using I = index_t;
+      DISPATCH_KIND(kind, [&] {
+        forward_impl<T, I, KIND>(crow, col, s_src, s_dst, edge, att, value,
+                                 mask, run_max, run_sum, out, slope);
+      });
+    });
+  });
+}
+
+void backward_rows(int64_t kind, torch::Tensor crow, torch::Tensor col,
+                   torch::Tensor s_src, torch::Tensor s_dst,
+                   torch::Tensor edge, torch::Tensor att, torch::Tensor value,
+                   torch::Tensor mask, torch::Tensor run_max,
+                   torch::Tensor run_sum, torch::Tensor grad_out,
+                   torch::Tensor delta, torch::Tensor w, torch::Tensor ds,
+                   torch::Tensor grad_dst, torch::Tensor grad_edge,
+                   torch::Tensor grad_att, double slope) {
+  AT_DISPATCH_FLOATING_TYPES(value.scalar_type(), "fused_backward_rows", [&] {
+    using T = scalar_t;
+    AT_DISPATCH_INDEX_TYPES(col.scalar_type(), "fused_bwd_rows_idx", [&] {
+      using I = index_t;
+      DISPATCH_KIND(kind, [&] {
+        backward_rows_impl<T, I, KIND>(crow, col, s_src, s_dst, edge, att,
+                                       value, mask, run_max, run_sum,
+                                       grad_out, delta, w, ds, grad_dst,
+                                       grad_edge, grad_att, slope);
+      });
+    });
+  });
+}
+
+void backward_cols(int64_t kind, torch::Tensor crow_t, torch::Tensor col_t,
+                   torch::Tensor perm, torch::Tensor s_src,
+                   torch::Tensor s_dst, torch::Tensor edge, torch::Tensor att,
+                   torch::Tensor grad_out, torch::Tensor w, torch::Tensor ds,
+                   torch::Tensor grad_value, torch::Tensor grad_src,
+                   double slope) {
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fused_backward_cols", [&] {
+    using T = scalar_t;
+    AT_DISPATCH_INDEX_TYPES(col_t.scalar_type(), "fused_bwd_cols_idx", [&] {
+      using I = index_t;
+      DISPATCH_KIND(kind, [&] {
+        backward_cols_impl<T, I, KIND>(crow_t, col_t, perm, s_src, s_dst,
+                                       edge, att, grad_out, w, ds,
+                                       grad_value, grad_src, slope);
+      });
+    });
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "fused attention forward over one chunk");
+  m.def("backward_rows", &backward_rows,
+        "fused attention backward over destination rows");
+  m.def("backward_cols", &backward_cols,
+        "fused attention backward over sources (transposed chunk)");
+}
