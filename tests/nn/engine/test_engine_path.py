@@ -19,8 +19,8 @@ ROOT = osp.dirname(pyg_sar.__file__)
 
 # What one SAGEConv forward and backward over 2 workers runs through: the
 # layer, the layer base (with its linear helpers, and the check that sends a
-# call without a DistGraph to the stock layer: nn/plain.py), the plan (the factory), the
-# Function and its aggregator, the graph's transport and blocks, and the
+# call without a DistGraph to the stock layer: nn/plain.py), the plan (the
+# factory), the Function and its aggregator, the graph's transport and blocks, and the
 # communication stage's primitives (one unit: ``pyg_sar.comm``). Leaf
 # utilities (``pyg_sar.utils``: allocator trim, device capacity) are not
 # counted. A new file on this path is a deliberate change of this list.
