@@ -116,6 +116,15 @@ class WorkDir:
             self._lock.close()
             self._lock = None
 
+    def close(self) -> None:
+        r"""Leaves after a failure: unlocks the folder, kept for a new run
+        to resume from if a phase was recorded, else removed (a bad input
+        leaves nothing behind)."""
+        if self.phases:
+            self.__exit__()
+        else:
+            self.remove()
+
     def remove(self) -> None:
         r"""Deletes the folder (the partition is in place)."""
         self.__exit__()
