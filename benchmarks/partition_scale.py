@@ -158,10 +158,17 @@ def run_path(args: argparse.Namespace) -> None:
            'peak_bytes': max(own, during + child), 'own_peak_bytes': own,
            'child_peak_bytes': child, 'rss_during_child_bytes': during,
            'import_bytes': base}
+    # The caller's own peak up to KaMinPar's start: the symmetrization's.
+    before = getattr(kaminpar, 'last_caller_peak_bytes', None)
+    if child and before:
+        row['caller_peak_before_child_bytes'] = before
     if manifest is not None:
         row.update(stage_s=manifest['time_s'], num_edges=manifest['num_edges'],
                    edge_cut=manifest['edge_cut']['fraction'],
                    node_balance=manifest['balance']['nodes_max_over_mean'])
+        for key in ('disk_bytes', 'resumed'):
+            if key in manifest:
+                row[key] = manifest[key]
         shutil.rmtree(out_dir)
     if args.rank_file:
         with open(args.rank_file.replace('RANK', os.environ.get('RANK', '0')),
@@ -222,11 +229,11 @@ def budget_bytes(num_edges: int, num_nodes: int) -> int:
 
 def add_cut_ratios(results: list) -> None:
     r"""Every row's edge cut over the METIS row's of the same size."""
-    metis = {(r['num_nodes'], r.get('generator')): r['edge_cut']
-             for r in results
+    metis = {(r['num_nodes'], r.get('generator'), r.get('num_parts')):
+             r['edge_cut'] for r in results
              if r.get('method') == 'metis' and r.get('edge_cut')}
     for r in results:
-        key = (r['num_nodes'], r.get('generator'))
+        key = (r['num_nodes'], r.get('generator'), r.get('num_parts'))
         if 'edge_cut' in r and key in metis:
             r['cut_vs_metis'] = round(r['edge_cut'] / metis[key], 4)
 
@@ -291,6 +298,9 @@ def main() -> None:
                         help='scratch space for graphs and partitions '
                         '(needs about 200 bytes per edge)')
     parser.add_argument('--keep-graphs', action='store_true')
+    parser.add_argument('--variant', default=None,
+                        help='a label stored in every row (and in the key '
+                        'of --append): e.g. the code version measured')
     parser.add_argument('--append', action='store_true',
                         help="keep the other sizes' rows of an earlier "
                         "partition_scale.json in --out")
@@ -331,6 +341,8 @@ def main() -> None:
             for path in args.paths:
                 row = measure(args, path, num_nodes, graph_dir)
                 row.update(path=path, num_nodes=num_nodes)
+                if args.variant:
+                    row['variant'] = args.variant
                 if 'peak_bytes' in row:
                     row['peak_gib'] = round(row['peak_bytes'] / 2**30, 3)
                 row['generator'] = {
@@ -347,6 +359,7 @@ def main() -> None:
                     row['bytes_per_edge_above_import'] = round(
                         (row['peak_bytes'] - row['import_bytes']) /
                         row['num_edges'], 1)
+                row['num_parts'] = args.num_parts
                 results.append(row)
                 print(json.dumps(row), flush=True)
             if not args.keep_graphs:
@@ -358,9 +371,13 @@ def main() -> None:
     json_path = osp.join(args.out, 'partition_scale.json')
     if args.append and osp.exists(json_path):
         with open(json_path) as f:
-            earlier = json.load(f)['results']
+            earlier_file = json.load(f)
+        earlier = earlier_file['results']
+        for r in earlier:  # rows from before the per-row part count
+            r.setdefault('num_parts', earlier_file.get('num_parts'))
         def key(r):
-            return r['num_nodes'], r['path'], r.get('generator')
+            return (r['num_nodes'], r['path'], r.get('generator'),
+                    r.get('variant'), r['num_parts'])
         done = {key(r) for r in results}
         results = [r for r in earlier if key(r) not in done] + results
     add_cut_ratios(results)
