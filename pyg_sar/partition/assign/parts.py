@@ -4,6 +4,7 @@ part, the node counts capped and the training nodes balanced
 (:mod:`~pyg_sar.partition.assign.repair`). The heterogeneous partitioner
 runs METIS and the random split on its own in-memory structure
 (:mod:`~pyg_sar.partition.assign.in_memory`)."""
+import contextlib
 import os.path as osp
 import tempfile
 import time
@@ -199,8 +200,10 @@ def assign_parts(
             stats.update(record['info'])
             return part, stats
 
-    with tempfile.TemporaryDirectory(prefix='pyg_sar_kaminpar_',
-                                     dir=tmp_dir) as folder:
+    # A work directory holds the files itself; else a temporary folder.
+    with contextlib.nullcontext(work.root) if work is not None else \
+            tempfile.TemporaryDirectory(prefix='pyg_sar_kaminpar_',
+                                        dir=tmp_dir) as folder:
         depends = None
         if method == 'metis':
             start = stage('symmetrize')

@@ -24,7 +24,7 @@ from pyg_sar.partition.workdir import (WorkDir, input_fingerprint,
 # file (zip records, alignment).
 SHARD_BYTES_PER_EDGE = 40
 SHARD_BYTES_PER_NODE = 24
-SHARD_BYTES_PER_FILE = 1 << 16
+SHARD_BYTES_PER_FILE = 1 << 14
 
 
 def open_work_dir(graph: GraphOnDisk, out_dir: str, num_parts: int,
@@ -99,4 +99,5 @@ def check_disk(path: str, needed: int) -> None:
 
 
 __all__ = ['open_work_dir', 'disk_needed', 'check_disk',
-           'SHARD_BYTES_PER_EDGE', 'SHARD_BYTES_PER_NODE']
+           'SHARD_BYTES_PER_EDGE', 'SHARD_BYTES_PER_NODE',
+           'SHARD_BYTES_PER_FILE']
