@@ -126,6 +126,11 @@ def run_path(args: argparse.Namespace) -> None:
     importlib.import_module('pyg_sar.partition')
     importlib.import_module('pyg_sar.comm.shard_exchange')
     base = _rss_bytes()
+    if args.symmetrize_bytes_per_edge is not None:
+        # The out-of-core symmetrization's default budget, per input edge.
+        from pyg_sar.partition.assign import symmetric_file
+        symmetric_file.DEFAULT_BYTES_PER_EDGE = args.symmetrize_bytes_per_edge
+        symmetric_file.MIN_BUDGET_BYTES = 1 << 20
     out_dir = osp.join(args.work_dir, f'{args.path}_{args.num_nodes}')
     start = time.perf_counter()
     manifest = None
@@ -202,6 +207,9 @@ def measure(args, path: str, num_nodes: int, graph_dir: str) -> dict:
     common = ['--run-path', path, '--num-nodes', str(num_nodes), '--method',
               method, '--graph-dir', graph_dir, '--work-dir', args.work_dir,
               '--num-parts', str(args.num_parts)]
+    if args.symmetrize_bytes_per_edge is not None:
+        common += ['--symmetrize-bytes-per-edge',
+                   str(args.symmetrize_bytes_per_edge)]
     if path != 'parallel2':
         return dict(_child([sys.executable, script] + common, args.timeout),
                     method=method)
@@ -298,6 +306,11 @@ def main() -> None:
                         help='scratch space for graphs and partitions '
                         '(needs about 200 bytes per edge)')
     parser.add_argument('--keep-graphs', action='store_true')
+    parser.add_argument('--symmetrize-bytes-per-edge', type=float,
+                        default=None,
+                        help='memory budget of the out-of-core '
+                        'symmetrization per input edge (default: the '
+                        "library's)")
     parser.add_argument('--variant', default=None,
                         help='a label stored in every row (and in the key '
                         'of --append): e.g. the code version measured')

@@ -48,7 +48,7 @@ def default_budget(num_edges: int) -> int:
     r"""The default memory budget of :func:`write_symmetric_parhip`:
     :obj:`DEFAULT_BYTES_PER_EDGE` bytes per input edge, at least
     :obj:`MIN_BUDGET_BYTES`."""
-    return max(MIN_BUDGET_BYTES, DEFAULT_BYTES_PER_EDGE * int(num_edges))
+    return int(max(MIN_BUDGET_BYTES, DEFAULT_BYTES_PER_EDGE * int(num_edges)))
 
 
 def row_ranges(deg: Tensor, budget_bytes: int, entry_bytes: int = 4
