@@ -152,7 +152,7 @@ def assign_parts(
         symmetrize_budget (int, optional): Memory (bytes) of one node range
             of the out-of-core symmetrization for KaMinPar
             (:func:`~pyg_sar.partition.assign.symmetric_file.write_symmetric_parhip`).
-            (default: 4 bytes per input edge, at least 256 MiB)
+            (default: 2 bytes per input edge, at least 256 MiB)
     """
     if method not in ('metis', 'kaminpar', 'random'):
         raise ValueError(f"Unknown partition method '{method}'; expected one "

@@ -168,13 +168,12 @@ def symmetric_rows(source: EdgeSource, r0: int, r1: int, deg: Tensor,
             src, dst = src[keep].to(col.dtype), dst[keep].to(col.dtype)
             rows = torch.cat([src, dst])
             cols = torch.cat([dst, src])
-        else:
-            rows = torch.cat([src[keep], dst[keep]])
-            cols = torch.cat([dst[keep], src[keep]])
-            inside = (rows >= r0) & (rows < r1)
-            rows = (rows[inside] - r0).to(col.dtype)
-            cols = cols[inside].to(col.dtype)
-            del inside
+        else:  # only the entries of the range's rows, in each direction
+            out = keep & (src >= r0) & (src < r1)
+            keep &= (dst >= r0) & (dst < r1)
+            rows = torch.cat([src[out] - r0, dst[keep] - r0]).to(col.dtype)
+            cols = torch.cat([dst[out], src[keep]]).to(col.dtype)
+            del out
         del keep, src, dst
         rows, order = torch.sort(rows)
         index = torch.arange(rows.numel())

@@ -36,9 +36,10 @@ from pyg_sar.partition.input.edge_source import (DEFAULT_CHUNK_EDGES,
 BYTES_PER_ROW = 16
 # The default budget: bytes per input edge (the whole in-memory adjacency is
 # about 8; KaMinPar's memory-efficient run needs about 7 on graphs with a
-# community structure), and its floor (below it, small graphs take one
-# range).
-DEFAULT_BYTES_PER_EDGE = 4
+# community structure, so the caller stays well below it; a range costs one
+# pass over the edges, each about a tenth of the symmetrization's time), and
+# its floor (below it, small graphs take one range).
+DEFAULT_BYTES_PER_EDGE = 2
 MIN_BUDGET_BYTES = 256 << 20
 # Rows scanned at a time when the ranges are cut.
 _PLAN_BLOCK = 1 << 22
