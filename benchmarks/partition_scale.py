@@ -30,6 +30,15 @@ edge plus 16 bytes per node, and whether the peak is within it:
   assignment: the streamed writer's own time and memory, whatever the
   partitioner needs.
 
+``--kill-after PHASE`` (path ``ondisk``) first runs the partition until
+PHASE is recorded and kills it (SIGKILL), then measures the run that
+resumes it (the row's ``resumed`` lists the reused phases);
+``--symmetrize-bytes-per-edge`` sets the out-of-core symmetrization's
+budget and ``--variant`` labels the rows (e.g. the code version measured).
+Rows carry the manifest's ``disk_bytes`` per phase and the caller's own
+peak up to KaMinPar's start (``caller_peak_before_child_bytes``: the
+symmetrization's).
+
 Bytes per edge are the peak RSS over the input edges (also above the
 resident set after the imports, ~0.3 GiB per process, which dominates small
 graphs). The edge cut and
@@ -132,6 +141,13 @@ def run_path(args: argparse.Namespace) -> None:
         symmetric_file.DEFAULT_BYTES_PER_EDGE = args.symmetrize_bytes_per_edge
         symmetric_file.MIN_BUDGET_BYTES = 1 << 20
     out_dir = osp.join(args.work_dir, f'{args.path}_{args.num_nodes}')
+    if args.die_after:
+        # A run that dies (SIGKILL) right after the phase is recorded.
+        import signal
+
+        from pyg_sar.partition import workdir
+        workdir.after_phase = lambda name: os.kill(
+            os.getpid(), signal.SIGKILL) if name == args.die_after else None
     start = time.perf_counter()
     manifest = None
     if args.path.startswith('memory-'):
@@ -211,8 +227,19 @@ def measure(args, path: str, num_nodes: int, graph_dir: str) -> dict:
         common += ['--symmetrize-bytes-per-edge',
                    str(args.symmetrize_bytes_per_edge)]
     if path != 'parallel2':
+        killed = {}
+        if args.kill_after and path == 'ondisk':
+            # First a run killed after the phase, then the measured one
+            # resumes it.
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, script] + common +
+                                  ['--die-after', args.kill_after],
+                                  capture_output=True, timeout=args.timeout)
+            killed = {'killed_after': args.kill_after,
+                      'killed_run_s': round(time.perf_counter() - start, 2),
+                      'killed_returncode': done.returncode}
         return dict(_child([sys.executable, script] + common, args.timeout),
-                    method=method)
+                    method=method, **killed)
     rank_file = osp.join(args.work_dir, f'rank_RANK_{num_nodes}.json')
     done = _child([sys.executable, '-m', 'torch.distributed.run',
                    '--nproc-per-node', '2', script] + common +
@@ -311,6 +338,12 @@ def main() -> None:
                         help='memory budget of the out-of-core '
                         'symmetrization per input edge (default: the '
                         "library's)")
+    parser.add_argument('--kill-after', default=None,
+                        choices=('check', 'symmetrize', 'kaminpar',
+                                 'assign'),
+                        help="path 'ondisk': first a run killed (SIGKILL) "
+                        'right after this phase, then the measured run, '
+                        'which resumes it')
     parser.add_argument('--variant', default=None,
                         help='a label stored in every row (and in the key '
                         'of --append): e.g. the code version measured')
@@ -325,6 +358,7 @@ def main() -> None:
     parser.add_argument('--method', help=argparse.SUPPRESS)
     parser.add_argument('--graph-dir', help=argparse.SUPPRESS)
     parser.add_argument('--rank-file', help=argparse.SUPPRESS)
+    parser.add_argument('--die-after', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
         return generate(args)
