@@ -260,9 +260,10 @@ def _symmetrize(source: EdgeSource, work: Optional[WorkDir], folder: str,
     its path, its number of adjacency entries and its digest."""
     if work is not None:
         record = work.verified('symmetrize')
-        if record is not None:
-            return (work.path(PARHIP_FILE), record['info']['num_entries'],
-                    record['digest'])
+        if record is not None:  # its entry count from the (hashed) file
+            path = work.path(PARHIP_FILE)
+            entries = int(np.fromfile(path, dtype=np.uint64, count=3)[2])
+            return path, entries, record['digest']
         path = work.path(PARHIP_FILE)
     else:
         path = osp.join(folder, PARHIP_FILE)
