@@ -9,7 +9,10 @@ in bounded chunks, in place. The result, :class:`SymmetricCSR`, is the
 symmetric adjacency sorted by :obj:`(row, col)` without self loops or
 duplicates: about 8 bytes per input edge plus 16 bytes per node plus one
 chunk at the peak (the in-memory :obj:`torch.unique` of both directions'
-int64 codes needed about 80 bytes per edge).
+int64 codes needed about 80 bytes per edge). Its two passes are
+:func:`symmetric_degrees` and :func:`symmetric_rows`, which builds any
+range of rows alone: the out-of-core writer of KaMinPar's input
+(:mod:`~pyg_sar.partition.assign.symmetric_file`) runs it range by range.
 
 :func:`write_parhip` streams it to KaMinPar's ParHIP binary file, and
 :class:`CsrView` reads it back (from memory or memory-mapped from that file)
