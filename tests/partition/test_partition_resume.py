@@ -3,7 +3,8 @@ in the middle of writing the shards) leaves no output, and the same call
 resumes it to the files of an uninterrupted run; a forged intermediate file
 or state is detected and the phase redone; other arguments, resume=False,
 a foreign file in the work directory, a second run at once; the disk check
-(with a faked disk_usage) and its estimate against what a run wrote."""
+(with a faked disk_usage) and its estimate against what a run wrote; two
+parallel writers resume a run of one."""
 import json
 import os
 import os.path as osp
@@ -198,3 +199,26 @@ def test_disk_check(graph, reference, tmp_path, monkeypatch):
     assert f"'{tmp_path}'" in message and f"{need['peak']:,} bytes" in \
         message and f"{need['peak'] - 1:,} are free" in message
     assert os.listdir(tmp_path) == []  # checked before anything is written
+
+
+def _writer(rank, world_size, graph_dir, out_dir):
+    from pyg_sar.comm import ProcessGroupExchange
+    from pyg_sar.partition import partition_graph_parallel
+    manifest = partition_graph_parallel(graph_dir, out_dir=out_dir,
+                                        exchange=ProcessGroupExchange(),
+                                        **ARGS)
+    return None if manifest is None else manifest['resumed']
+
+
+def test_parallel_writers_resume(graph, reference, tmp_path, monkeypatch):
+    from _dist import run_workers
+    out = str(tmp_path / 'out')
+    _die_after(monkeypatch, 'kaminpar')
+    with pytest.raises(Died):
+        partition_graph(graph, out_dir=out, **ARGS)
+    monkeypatch.undo()
+    results = run_workers(_writer, 2, str(graph), out, timeout_s=120)
+    assert results == [['check', 'symmetrize', 'kaminpar'], None]
+    with open(osp.join(out, 'pyg_sar.json')) as f:
+        _same_output(json.load(f), reference)
+    assert sorted(os.listdir(tmp_path)) == ['out']
