@@ -30,6 +30,15 @@ edge plus 16 bytes per node, and whether the peak is within it:
   assignment: the streamed writer's own time and memory, whatever the
   partitioner needs.
 
+``--kill-after PHASE`` (path ``ondisk``) first runs the partition until
+PHASE is recorded and kills it (SIGKILL), then measures the run that
+resumes it (the row's ``resumed`` lists the reused phases);
+``--symmetrize-bytes-per-edge`` sets the out-of-core symmetrization's
+budget and ``--variant`` labels the rows (e.g. the code version measured).
+Rows carry the manifest's ``disk_bytes`` per phase and the caller's own
+peak up to KaMinPar's start (``caller_peak_before_child_bytes``: the
+symmetrization's).
+
 Bytes per edge are the peak RSS over the input edges (also above the
 resident set after the imports, ~0.3 GiB per process, which dominates small
 graphs). The edge cut and
@@ -126,7 +135,19 @@ def run_path(args: argparse.Namespace) -> None:
     importlib.import_module('pyg_sar.partition')
     importlib.import_module('pyg_sar.comm.shard_exchange')
     base = _rss_bytes()
+    if args.symmetrize_bytes_per_edge is not None:
+        # The out-of-core symmetrization's default budget, per input edge.
+        from pyg_sar.partition.assign import symmetric_file
+        symmetric_file.DEFAULT_BYTES_PER_EDGE = args.symmetrize_bytes_per_edge
+        symmetric_file.MIN_BUDGET_BYTES = 1 << 20
     out_dir = osp.join(args.work_dir, f'{args.path}_{args.num_nodes}')
+    if args.die_after:
+        # A run that dies (SIGKILL) right after the phase is recorded.
+        import signal
+
+        from pyg_sar.partition import workdir
+        workdir.after_phase = lambda name: os.kill(
+            os.getpid(), signal.SIGKILL) if name == args.die_after else None
     start = time.perf_counter()
     manifest = None
     if args.path.startswith('memory-'):
@@ -158,10 +179,17 @@ def run_path(args: argparse.Namespace) -> None:
            'peak_bytes': max(own, during + child), 'own_peak_bytes': own,
            'child_peak_bytes': child, 'rss_during_child_bytes': during,
            'import_bytes': base}
+    # The caller's own peak up to KaMinPar's start: the symmetrization's.
+    before = getattr(kaminpar, 'last_caller_peak_bytes', None)
+    if child and before:
+        row['caller_peak_before_child_bytes'] = before
     if manifest is not None:
         row.update(stage_s=manifest['time_s'], num_edges=manifest['num_edges'],
                    edge_cut=manifest['edge_cut']['fraction'],
                    node_balance=manifest['balance']['nodes_max_over_mean'])
+        for key in ('disk_bytes', 'resumed'):
+            if key in manifest:
+                row[key] = manifest[key]
         shutil.rmtree(out_dir)
     if args.rank_file:
         with open(args.rank_file.replace('RANK', os.environ.get('RANK', '0')),
@@ -195,9 +223,23 @@ def measure(args, path: str, num_nodes: int, graph_dir: str) -> dict:
     common = ['--run-path', path, '--num-nodes', str(num_nodes), '--method',
               method, '--graph-dir', graph_dir, '--work-dir', args.work_dir,
               '--num-parts', str(args.num_parts)]
+    if args.symmetrize_bytes_per_edge is not None:
+        common += ['--symmetrize-bytes-per-edge',
+                   str(args.symmetrize_bytes_per_edge)]
     if path != 'parallel2':
+        killed = {}
+        if args.kill_after and path == 'ondisk':
+            # First a run killed after the phase, then the measured one
+            # resumes it.
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, script] + common +
+                                  ['--die-after', args.kill_after],
+                                  capture_output=True, timeout=args.timeout)
+            killed = {'killed_after': args.kill_after,
+                      'killed_run_s': round(time.perf_counter() - start, 2),
+                      'killed_returncode': done.returncode}
         return dict(_child([sys.executable, script] + common, args.timeout),
-                    method=method)
+                    method=method, **killed)
     rank_file = osp.join(args.work_dir, f'rank_RANK_{num_nodes}.json')
     done = _child([sys.executable, '-m', 'torch.distributed.run',
                    '--nproc-per-node', '2', script] + common +
@@ -222,11 +264,11 @@ def budget_bytes(num_edges: int, num_nodes: int) -> int:
 
 def add_cut_ratios(results: list) -> None:
     r"""Every row's edge cut over the METIS row's of the same size."""
-    metis = {(r['num_nodes'], r.get('generator')): r['edge_cut']
-             for r in results
+    metis = {(r['num_nodes'], r.get('generator'), r.get('num_parts')):
+             r['edge_cut'] for r in results
              if r.get('method') == 'metis' and r.get('edge_cut')}
     for r in results:
-        key = (r['num_nodes'], r.get('generator'))
+        key = (r['num_nodes'], r.get('generator'), r.get('num_parts'))
         if 'edge_cut' in r and key in metis:
             r['cut_vs_metis'] = round(r['edge_cut'] / metis[key], 4)
 
@@ -291,6 +333,20 @@ def main() -> None:
                         help='scratch space for graphs and partitions '
                         '(needs about 200 bytes per edge)')
     parser.add_argument('--keep-graphs', action='store_true')
+    parser.add_argument('--symmetrize-bytes-per-edge', type=float,
+                        default=None,
+                        help='memory budget of the out-of-core '
+                        'symmetrization per input edge (default: the '
+                        "library's)")
+    parser.add_argument('--kill-after', default=None,
+                        choices=('check', 'symmetrize', 'kaminpar',
+                                 'assign'),
+                        help="path 'ondisk': first a run killed (SIGKILL) "
+                        'right after this phase, then the measured run, '
+                        'which resumes it')
+    parser.add_argument('--variant', default=None,
+                        help='a label stored in every row (and in the key '
+                        'of --append): e.g. the code version measured')
     parser.add_argument('--append', action='store_true',
                         help="keep the other sizes' rows of an earlier "
                         "partition_scale.json in --out")
@@ -302,6 +358,7 @@ def main() -> None:
     parser.add_argument('--method', help=argparse.SUPPRESS)
     parser.add_argument('--graph-dir', help=argparse.SUPPRESS)
     parser.add_argument('--rank-file', help=argparse.SUPPRESS)
+    parser.add_argument('--die-after', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
         return generate(args)
@@ -331,6 +388,8 @@ def main() -> None:
             for path in args.paths:
                 row = measure(args, path, num_nodes, graph_dir)
                 row.update(path=path, num_nodes=num_nodes)
+                if args.variant:
+                    row['variant'] = args.variant
                 if 'peak_bytes' in row:
                     row['peak_gib'] = round(row['peak_bytes'] / 2**30, 3)
                 row['generator'] = {
@@ -347,6 +406,7 @@ def main() -> None:
                     row['bytes_per_edge_above_import'] = round(
                         (row['peak_bytes'] - row['import_bytes']) /
                         row['num_edges'], 1)
+                row['num_parts'] = args.num_parts
                 results.append(row)
                 print(json.dumps(row), flush=True)
             if not args.keep_graphs:
@@ -358,9 +418,13 @@ def main() -> None:
     json_path = osp.join(args.out, 'partition_scale.json')
     if args.append and osp.exists(json_path):
         with open(json_path) as f:
-            earlier = json.load(f)['results']
+            earlier_file = json.load(f)
+        earlier = earlier_file['results']
+        for r in earlier:  # rows from before the per-row part count
+            r.setdefault('num_parts', earlier_file.get('num_parts'))
         def key(r):
-            return r['num_nodes'], r['path'], r.get('generator')
+            return (r['num_nodes'], r['path'], r.get('generator'),
+                    r.get('variant'), r['num_parts'])
         done = {key(r) for r in results}
         results = [r for r in earlier if key(r) not in done] + results
     add_cut_ratios(results)

@@ -50,6 +50,10 @@ def _configure_partition(parser: argparse.ArgumentParser) -> None:
     group.add_argument('--max-unit-edges', type=int, default=None,
                        help='in-edges of a part written per pass over the '
                        'edge list (bounds the writer\'s memory)')
+    group.add_argument('--no-resume', action='store_true',
+                       help='start over instead of resuming a run into '
+                       '--out that died (its work directory .<out>.work '
+                       'is discarded)')
     group.add_argument('--timeout-min', type=float, default=120.0,
                        help='longest wait of a parallel writer for the '
                        'others, in minutes (default: %(default)s)')
@@ -80,8 +84,8 @@ def _run_partition(args: argparse.Namespace) -> int:
     elif synthetic_options and args.dataset != 'synthetic':
         raise ValueError(f"Options {sorted(synthetic_options)} only apply to "
                          f"--dataset synthetic or synthetic-hetero")
-    for name in ('assignment', 'max_unit_edges'):
-        if getattr(args, name) is not None:
+    for name in ('assignment', 'max_unit_edges', 'no_resume'):
+        if getattr(args, name) not in (None, False):
             raise ValueError(f"Option '--{name.replace('_', '-')}' only "
                              f"applies to --input")
     start = time.perf_counter()
@@ -139,6 +143,8 @@ def _run_partition_input(args: argparse.Namespace) -> int:
     kwargs = {}
     if args.max_unit_edges is not None:
         kwargs['max_unit_edges'] = args.max_unit_edges
+    if args.no_resume:
+        kwargs['resume'] = False
     if rank == 0:
         print(f'Partitioning {graph.root}: {graph.num_nodes:,} nodes, '
               f'{graph.num_edges:,} edges into {args.num_parts} parts '
@@ -151,7 +157,9 @@ def _run_partition_input(args: argparse.Namespace) -> int:
         exchange=ProcessGroupExchange())
     if manifest is not None:
         _print_result(args, manifest)
-        print(f"time: {manifest['time_s']['total']:.1f}s partition")
+        print(f"time: {manifest['time_s']['total']:.1f}s partition" + (
+            f" (resumed after: {', '.join(manifest['resumed'])})"
+            if manifest.get('resumed') else ''))
     return 0
 
 

@@ -3,8 +3,10 @@ starts, in four steps, one subpackage each. :func:`partition_graph`
 (:mod:`~pyg_sar.partition.api`) checks the input graph, a PyG ``Data`` or
 ``HeteroData`` or a graph directory of memory-mapped ``.npy`` files
 (:mod:`pyg_sar.partition.input`); assigns every node to a part
-(:mod:`pyg_sar.partition.assign`: METIS, KaMinPar or random on a
-symmetrized structure of about 8 bytes per edge, training nodes balanced);
+(:mod:`pyg_sar.partition.assign`: METIS, KaMinPar or random on the
+symmetrized graph, built for KaMinPar out of core, training nodes
+balanced; a run on a graph directory resumable from its last completed
+phase, :mod:`~pyg_sar.partition.workdir`);
 relabels nodes and edges so that each part owns a contiguous id range and
 streams PyG's ``torch_geometric.distributed`` on-disk layout atomically,
 with the content hash of every file in the manifest

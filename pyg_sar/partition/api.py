@@ -48,6 +48,7 @@ def partition_graph(
     progress: Optional[bool] = None,
     allow_non_finite: bool = False,
     threads: Optional[int] = None,
+    resume: bool = True,
 ) -> Dict[str, Any]:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts and writes them to
     :obj:`out_dir` in PyG's distributed on-disk format.
@@ -85,7 +86,18 @@ def partition_graph(
     (structure-only partitions are fine).
 
     The output is written to a temporary folder next to :obj:`out_dir` and
-    renamed when complete, so a failed run leaves nothing behind. The
+    renamed when complete, so a failed run leaves nothing behind. A graph
+    directory is partitioned resumably: its phases (input check,
+    symmetrized graph, KaMinPar's parts, final assignment) are recorded
+    with the size and SHA-256 of their files in a work directory
+    ``.<out_dir name>.work`` next to :obj:`out_dir`, removed once the
+    partition is in place; a run that died (out of memory, killed, disk
+    full) and is started again with the same arguments on the same input
+    files skips every phase whose files still verify (see
+    :obj:`resume`). Before the long phases, the free space of
+    :obj:`out_dir`'s file system is checked against the bytes they will
+    write: too little is a one-line :class:`OSError` naming the path, the
+    bytes needed and the bytes free. The
     manifest records the size and SHA-256 of every file written
     (:obj:`files`; about 0.3 s per GB on two cores), which
     :func:`load_partition` checks for every file it reads. Of two runs into
@@ -110,6 +122,11 @@ def partition_graph(
             edges or more, where METIS's ~117 bytes per edge start to
             matter, and METIS below; the manifest records the method that
             ran. (default: :obj:`"auto"`)
+        resume (bool, optional): For a graph directory: continue a run into
+            the same :obj:`out_dir` with the same arguments that died,
+            from its last completed phase (every reused file is hashed
+            again first; a mismatch redoes the phase). :obj:`False` discards
+            such a run's work directory. (default: :obj:`True`)
         threads (int, optional): KaMinPar's threads. The seed reproduces
             KaMinPar's assignment with one thread only; more threads are
             faster but differ from run to run. Ignored by the other
@@ -146,6 +163,8 @@ def partition_graph(
             progress=progress, allow_non_finite=allow_non_finite)
     # threads is passed only when set, so that writers without it still run.
     extra = {} if threads is None else {'threads': threads}
+    if not resume:
+        extra['resume'] = False
     return write_homogeneous(
         data, num_parts, out_dir, method=method, balance_train=balance_train,
         seed=seed, overwrite=overwrite, progress=progress,
@@ -166,6 +185,7 @@ def partition_graph_parallel(
     chunk_edges: Optional[int] = None,
     max_unit_edges: int = MAX_UNIT_EDGES,
     threads: Optional[int] = None,
+    resume: bool = True,
     *,
     exchange: Any,
 ) -> Optional[Dict[str, Any]]:
@@ -227,4 +247,4 @@ def partition_graph_parallel(
         seed=seed, overwrite=overwrite, progress=progress,
         allow_non_finite=allow_non_finite, exchange=exchange,
         assignment=assignment, chunk_edges=chunk_edges,
-        max_unit_edges=max_unit_edges, threads=threads)
+        max_unit_edges=max_unit_edges, threads=threads, resume=resume)

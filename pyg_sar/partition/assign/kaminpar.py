@@ -81,15 +81,18 @@ def _last_line(text: bytes) -> str:
 # it (None where /proc is missing), and the caller's resident set while that
 # child ran (the caller only waits meanwhile): their sum is the joint peak
 # of both processes during the KaMinPar run, for memory benchmarks.
+# last_caller_peak_bytes: the caller's own peak before the child started
+# (the symmetrization's, for the benchmarks).
 last_peak_bytes: Optional[int] = None
 last_caller_rss_bytes: Optional[int] = None
+last_caller_peak_bytes: Optional[int] = None
 
 
-def _rss_bytes() -> Optional[int]:
+def _rss_bytes(field: str = 'VmRSS') -> Optional[int]:
     try:
         with open('/proc/self/status') as f:
             for line in f:
-                if line.startswith('VmRSS:'):
+                if line.startswith(field + ':'):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -135,8 +138,9 @@ def run_kaminpar(path: str, num_nodes: int, num_parts: int, seed: int,
     command = _child_command() + [
         path, out, str(num_parts), str(int(seed) % 2**32), str(threads),
         str(int(max_block_weight)), context]
-    global last_caller_rss_bytes
+    global last_caller_rss_bytes, last_caller_peak_bytes
     last_caller_rss_bytes = _rss_bytes()
+    last_caller_peak_bytes = _rss_bytes('VmHWM')
     try:
         result = subprocess.run(command, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, timeout=timeout)

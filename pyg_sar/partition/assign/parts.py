@@ -4,6 +4,7 @@ part, the node counts capped and the training nodes balanced
 (:mod:`~pyg_sar.partition.assign.repair`). The heterogeneous partitioner
 runs METIS and the random split on its own in-memory structure
 (:mod:`~pyg_sar.partition.assign.in_memory`)."""
+import contextlib
 import os.path as osp
 import tempfile
 import time
@@ -21,12 +22,19 @@ from pyg_sar.partition.assign.repair import (TRAIN_BALANCE_TOLERANCE,
                                              cap_part_sizes, fill_empty_parts,
                                              max_part_size, node_balance)
 from pyg_sar.partition.assign.symmetric import (CsrView, as_idx_arrays,
-                                                symmetric_csr, write_parhip)
+                                                symmetric_csr)
+from pyg_sar.partition.assign.symmetric_file import write_symmetric_parhip
 from pyg_sar.partition.input.edge_source import EdgeSource
+from pyg_sar.partition.workdir import WorkDir, read_ints, write_ints
 
 # Bounds of the default chunk of assign_parts' streamed passes (edges).
 MIN_CHUNK_EDGES = 1 << 18
 MAX_CHUNK_EDGES = 1 << 21
+# The files of the phases in a work directory
+# (:class:`~pyg_sar.partition.workdir.WorkDir`).
+PARHIP_FILE = 'graph.parhip'
+KAMINPAR_FILE = 'kaminpar.part'
+ASSIGNMENT_FILE = 'assignment.bin'
 
 
 def random_parts(num_nodes: int, num_parts: int, generator: torch.Generator,
@@ -80,6 +88,8 @@ def assign_parts(
     chunk_edges: Optional[int] = None,
     kaminpar_context: str = 'terapart_largek',
     timeout: float = KAMINPAR_TIMEOUT,
+    work: Optional[WorkDir] = None,
+    symmetrize_budget: Optional[int] = None,
 ) -> Tuple[Tensor, Dict[str, Any]]:
     r"""Assigns every node of :obj:`source` to one of :obj:`num_parts`
     parts, with the symmetrized graph built once with little memory
@@ -97,8 +107,11 @@ def assign_parts(
       before (the same CSR and seed give the same assignment), then empty
       parts filled. METIS is single-threaded (:obj:`threads` is ignored).
     - :obj:`'kaminpar'`: KaMinPar
-      (:mod:`~pyg_sar.partition.assign.kaminpar`) on a ParHIP file of the symmetrized graph in :obj:`tmp_dir`, the
-      in-memory adjacency freed before KaMinPar starts, in a child process
+      (:mod:`~pyg_sar.partition.assign.kaminpar`) on a ParHIP file of the
+      symmetrized graph in :obj:`tmp_dir`, written out of core a node range
+      at a time within :obj:`symmetrize_budget`
+      (:mod:`~pyg_sar.partition.assign.symmetric_file`: the file, and so
+      the assignment, are the same whatever the budget), in a child process
       (a crash is a one-line :class:`RuntimeError`). Memory-efficient
       context by default; parts capped at
       :func:`~pyg_sar.partition.assign.repair.max_part_size` (node balance
@@ -132,6 +145,14 @@ def assign_parts(
         kaminpar_context (str, optional): KaMinPar's context, see
             :obj:`~pyg_sar.partition.assign.kaminpar.KAMINPAR_CONTEXTS`.
         timeout (float, optional): Seconds KaMinPar may run.
+        work (WorkDir, optional): A resumable run's work directory
+            (:class:`~pyg_sar.partition.workdir.WorkDir`): the ParHIP file,
+            KaMinPar's parts and the final assignment are recorded there,
+            and reused when they verify.
+        symmetrize_budget (int, optional): Memory (bytes) of one node range
+            of the out-of-core symmetrization for KaMinPar
+            (:func:`~pyg_sar.partition.assign.symmetric_file.write_symmetric_parhip`).
+            (default: 2 bytes per input edge, at least 256 MiB)
     """
     if method not in ('metis', 'kaminpar', 'random'):
         raise ValueError(f"Unknown partition method '{method}'; expected one "
@@ -169,53 +190,116 @@ def assign_parts(
     if chunk_edges is None:
         chunk_edges = min(MAX_CHUNK_EDGES,
                           max(MIN_CHUNK_EDGES, source.num_edges // 32))
-    start = stage('symmetrize')
-    csr = symmetric_csr(source, chunk_edges)
-    done('symmetrize', start)
-    stats['num_undirected_edges'] = csr.num_entries // 2
-    if csr.num_entries == 0:
-        # Nothing to cut: any balanced assignment is optimal.
-        part = random_parts(num_nodes, num_parts, generator, train_mask)
-        stats.update(edge_cut=0, node_balance=node_balance(part, num_parts))
-        return part, stats
+    if work is not None:
+        record = work.verified('assign', work.digest_of(
+            'kaminpar' if method == 'kaminpar' else None))
+        if record is not None:
+            part = torch.from_numpy(read_ints(
+                work.path(ASSIGNMENT_FILE), np.int32, num_nodes,
+                num_parts)).long()
+            stats.update(record['info'])
+            return part, stats
 
-    with tempfile.TemporaryDirectory(prefix='pyg_sar_kaminpar_',
-                                     dir=tmp_dir) as folder:
+    # A work directory holds the files itself; else a temporary folder.
+    with contextlib.nullcontext(work.root) if work is not None else \
+            tempfile.TemporaryDirectory(prefix='pyg_sar_kaminpar_',
+                                        dir=tmp_dir) as folder:
+        depends = None
         if method == 'metis':
-            start = stage('METIS')
-            part = metis_parts(csr.rowptr, csr.col, num_parts, seed)
+            start = stage('symmetrize')
+            csr = symmetric_csr(source, chunk_edges)
+            done('symmetrize', start)
             view: CsrView = csr
-            done('metis', start)
+            stats['num_undirected_edges'] = csr.num_entries // 2
+            if csr.num_entries:
+                start = stage('METIS')
+                part = metis_parts(csr.rowptr, csr.col, num_parts, seed)
+                done('metis', start)
         else:
-            start = stage('write ParHIP file')
-            path = osp.join(folder, 'graph.parhip')
-            write_parhip(csr, path)
-            del csr  # KaMinPar reads the file; free the adjacency first
-            done('write_parhip', start)
-            start = stage('KaMinPar')
-            max_size = max_part_size(num_nodes, num_parts)
-            part = run_kaminpar(path, num_nodes, num_parts, seed, max_size,
-                                threads=1 if threads is None else threads,
-                                context=kaminpar_context, timeout=timeout)
-            done('kaminpar', start)
+            path, entries, depends = _symmetrize(
+                source, work, folder, symmetrize_budget, chunk_edges, stage,
+                done)
+            stats['num_undirected_edges'] = entries // 2
+            if entries:
+                part, depends = _kaminpar(
+                    path, num_nodes, num_parts, seed, threads,
+                    kaminpar_context, timeout, work, depends, stage, done)
             view = CsrView.from_parhip(path, chunk_edges)
-
-        start = stage('repair')
-        count = view.neighbors_in_part
-        stats['num_moved'] = fill_empty_parts(part, count, num_parts)
-        if method == 'kaminpar':
-            stats['num_moved'] += cap_part_sizes(part, count, num_parts,
-                                                 max_size)
-        done('repair', start)
-        if train_mask is not None and int(train_mask.sum()) > 0:
-            start = stage('balance training nodes')
-            stats['num_swapped'] = balance_training_nodes(
-                part, count, train_mask, num_parts)
-            done('balance_train', start)
+        if stats['num_undirected_edges'] == 0:
+            # Nothing to cut: any balanced assignment is optimal.
+            part = random_parts(num_nodes, num_parts, generator, train_mask)
+        else:
+            start = stage('repair')
+            count = view.neighbors_in_part
+            stats['num_moved'] = fill_empty_parts(part, count, num_parts)
+            if method == 'kaminpar':
+                stats['num_moved'] += cap_part_sizes(
+                    part, count, num_parts,
+                    max_part_size(num_nodes, num_parts))
+            done('repair', start)
+            if train_mask is not None and int(train_mask.sum()) > 0:
+                start = stage('balance training nodes')
+                stats['num_swapped'] = balance_training_nodes(
+                    part, count, train_mask, num_parts)
+                done('balance_train', start)
         stats['edge_cut'] = view.edge_cut(part)
         stats['node_balance'] = node_balance(part, num_parts)
-        del view, count
+        del view
+    if work is not None:
+        write_ints(part.numpy(), work.path(ASSIGNMENT_FILE), np.int32)
+        work.record('assign', [ASSIGNMENT_FILE], info=stats, depends=depends)
     return part, stats
+
+
+def _symmetrize(source: EdgeSource, work: Optional[WorkDir], folder: str,
+                budget: Optional[int], chunk_edges: int, stage: Callable,
+                done: Callable) -> Tuple[str, int, Optional[str]]:
+    r"""The ParHIP file of the symmetrized graph (out of core,
+    :func:`~pyg_sar.partition.assign.symmetric_file.write_symmetric_parhip`),
+    in the work directory (reused when it verifies) or in :obj:`folder`:
+    its path, its number of adjacency entries and its digest."""
+    if work is not None:
+        record = work.verified('symmetrize')
+        if record is not None:  # its entry count from the (hashed) file
+            path = work.path(PARHIP_FILE)
+            entries = int(np.fromfile(path, dtype=np.uint64, count=3)[2])
+            return path, entries, record['digest']
+        path = work.path(PARHIP_FILE)
+    else:
+        path = osp.join(folder, PARHIP_FILE)
+    start = stage('symmetrize')
+    info = write_symmetric_parhip(source, path, budget, chunk_edges)
+    done('symmetrize', start)
+    if work is None:
+        return path, info['num_entries'], None
+    record = work.record('symmetrize', [PARHIP_FILE], info=info)
+    return path, info['num_entries'], record['digest']
+
+
+def _kaminpar(path: str, num_nodes: int, num_parts: int, seed: int,
+              threads: Optional[int], context: str, timeout: float,
+              work: Optional[WorkDir], depends: Optional[str],
+              stage: Callable, done: Callable
+              ) -> Tuple[Tensor, Optional[str]]:
+    r"""KaMinPar's parts of the ParHIP file :obj:`path` (read back from the
+    work directory when they verify) and their digest."""
+    if work is not None:
+        record = work.verified('kaminpar', depends)
+        if record is not None:
+            part = read_ints(work.path(KAMINPAR_FILE), np.int32, num_nodes,
+                             num_parts)
+            return torch.from_numpy(part).long(), record['digest']
+    start = stage('KaMinPar')
+    part = run_kaminpar(path, num_nodes, num_parts, seed,
+                        max_part_size(num_nodes, num_parts),
+                        threads=1 if threads is None else threads,
+                        context=context, timeout=timeout)
+    done('kaminpar', start)
+    if work is None:
+        return part, None
+    write_ints(part.numpy(), work.path(KAMINPAR_FILE), np.int32)
+    return part, work.record('kaminpar', [KAMINPAR_FILE],
+                             depends=depends)['digest']
 
 
 __all__ = ['assign_parts', 'random_parts', 'metis_parts',

@@ -9,7 +9,10 @@ in bounded chunks, in place. The result, :class:`SymmetricCSR`, is the
 symmetric adjacency sorted by :obj:`(row, col)` without self loops or
 duplicates: about 8 bytes per input edge plus 16 bytes per node plus one
 chunk at the peak (the in-memory :obj:`torch.unique` of both directions'
-int64 codes needed about 80 bytes per edge).
+int64 codes needed about 80 bytes per edge). Its two passes are
+:func:`symmetric_degrees` and :func:`symmetric_rows`, which builds any
+range of rows alone: the out-of-core writer of KaMinPar's input
+(:mod:`~pyg_sar.partition.assign.symmetric_file`) runs it range by range.
 
 :func:`write_parhip` streams it to KaMinPar's ParHIP binary file, and
 :class:`CsrView` reads it back (from memory or memory-mapped from that file)
@@ -23,9 +26,11 @@ import torch
 from torch import Tensor
 
 from pyg_sar.partition.input.edge_source import (DEFAULT_CHUNK_EDGES,
-                                                 EdgeSource)
+                                                 EdgeSource, release_pages)
 
 PARHIP_HEADER_BYTES = 24
+# ParHIP's offsets are byte positions in the file: 32-bit below this size.
+PARHIP_32BIT_LIMIT = 2**32
 
 
 class CsrView:
@@ -72,7 +77,10 @@ class CsrView:
             if isinstance(chunk, Tensor):
                 chunk = chunk.long()
             else:
-                chunk = torch.from_numpy(np.asarray(chunk, dtype=np.int64))
+                chunk = torch.from_numpy(np.array(chunk, dtype=np.int64))
+                # The mapped file's pages would otherwise stay in this
+                # process's resident set: a pass would grow it by the file.
+                release_pages(self.col)
             yield r0, r1, chunk
 
     def neighbors_in_part(self, part: Tensor, target: int) -> Tensor:
@@ -129,28 +137,27 @@ def _col_dtype(num_nodes: int) -> torch.dtype:
     return torch.int32 if num_nodes < 2**31 else torch.int64
 
 
-def symmetric_csr(source: EdgeSource,
-                  chunk_edges: int = DEFAULT_CHUNK_EDGES) -> SymmetricCSR:
-    r"""Symmetrizes the edges of :obj:`source` (both directions, self loops
-    dropped, duplicates removed) into a :class:`SymmetricCSR`, reading the
-    source twice a chunk at a time. Equal to the in-memory
-    :obj:`torch.unique` of both directions' :obj:`row * n + col` codes.
+def symmetric_rows(source: EdgeSource, r0: int, r1: int, deg: Tensor,
+                   chunk_edges: int = DEFAULT_CHUNK_EDGES) -> Tensor:
+    r"""The symmetrized rows :obj:`r0` to :obj:`r1 - 1` of :obj:`source`
+    (both directions, self loops dropped), each sorted and unique, read
+    from one pass over the source. :obj:`deg` holds the rows' entry counts
+    before deduplication (:func:`symmetric_degrees`); it is overwritten with
+    the counts after. Returns the rows' neighbors, concatenated (int32
+    unless there are :math:`2^{31}` nodes or more): about 4 bytes per entry
+    of the rows plus 16 bytes per row plus one chunk of work space.
 
     Args:
         source (EdgeSource): The directed edges.
-        chunk_edges (int, optional): Edges per chunk of every pass.
+        r0 (int): First row.
+        r1 (int): One past the last row.
+        deg (torch.Tensor): The rows' entry counts (int64, :obj:`r1 - r0`).
+        chunk_edges (int, optional): Edges per chunk of the pass.
     """
     n = source.num_nodes
     chunk_edges = max(int(chunk_edges), 1)
-    # Every per-chunk step is chunk-sized (no pass over all nodes per chunk).
-    deg = torch.zeros(n, dtype=torch.long)
-    for _, src, dst in source.chunks(chunk_edges):
-        keep = src != dst
-        ones = torch.ones(int(keep.sum()), dtype=torch.long)
-        deg.index_add_(0, src[keep], ones)
-        deg.index_add_(0, dst[keep], ones)
-        del keep, ones
-    rowptr = torch.zeros(n + 1, dtype=torch.long)
+    whole = r0 == 0 and r1 == n
+    rowptr = torch.zeros(r1 - r0 + 1, dtype=torch.long)
     torch.cumsum(deg, dim=0, out=rowptr[1:])
     col = torch.empty(int(rowptr[-1]), dtype=_col_dtype(n))
 
@@ -160,9 +167,16 @@ def symmetric_csr(source: EdgeSource,
     cursor = rowptr[:-1].clone()
     for _, src, dst in source.chunks(chunk_edges):
         keep = src != dst
-        src, dst = src[keep].to(col.dtype), dst[keep].to(col.dtype)
-        rows = torch.cat([src, dst])
-        cols = torch.cat([dst, src])
+        if whole:
+            src, dst = src[keep].to(col.dtype), dst[keep].to(col.dtype)
+            rows = torch.cat([src, dst])
+            cols = torch.cat([dst, src])
+        else:  # only the entries of the range's rows, in each direction
+            out = keep & (src >= r0) & (src < r1)
+            keep &= (dst >= r0) & (dst < r1)
+            rows = torch.cat([src[out] - r0, dst[keep] - r0]).to(col.dtype)
+            cols = torch.cat([dst[out], src[keep]]).to(col.dtype)
+            del out
         del keep, src, dst
         rows, order = torch.sort(rows)
         index = torch.arange(rows.numel())
@@ -180,20 +194,70 @@ def symmetric_csr(source: EdgeSource,
     # position never passes the read position.
     write = 0
     view = CsrView(rowptr, col, chunk_edges)
-    for r0, r1 in list(view.row_ranges()):
-        e0, e1 = int(rowptr[r0]), int(rowptr[r1])
+    for a, b in list(view.row_ranges()):
+        e0, e1 = int(rowptr[a]), int(rowptr[b])
         seg = col[e0:e1].long()
-        local = torch.repeat_interleave(torch.arange(r1 - r0), deg[r0:r1])
+        local = torch.repeat_interleave(torch.arange(b - a), deg[a:b])
         keys = torch.unique(local * n + seg)
         del seg, local
         local = torch.div(keys, n, rounding_mode='floor')
         col[write:write + keys.numel()] = (keys - local * n).to(col.dtype)
-        deg[r0:r1] = torch.bincount(local, minlength=r1 - r0)
+        deg[a:b] = torch.bincount(local, minlength=b - a)
         write += keys.numel()
         del keys, local
+    return col[:write]
+
+
+def symmetric_degrees(source: EdgeSource,
+                      chunk_edges: int = DEFAULT_CHUNK_EDGES) -> Tensor:
+    r"""Per node, its number of entries in the symmetrized graph before
+    duplicates are removed: its in- plus out-degree without self loops
+    (int64), from one pass over :obj:`source`."""
+    deg = torch.zeros(source.num_nodes, dtype=torch.long)
+    # Every per-chunk step is chunk-sized (no pass over all nodes per chunk).
+    for _, src, dst in source.chunks(max(int(chunk_edges), 1)):
+        keep = src != dst
+        ones = torch.ones(int(keep.sum()), dtype=torch.long)
+        deg.index_add_(0, src[keep], ones)
+        deg.index_add_(0, dst[keep], ones)
+        del keep, ones
+    return deg
+
+
+def symmetric_csr(source: EdgeSource,
+                  chunk_edges: int = DEFAULT_CHUNK_EDGES) -> SymmetricCSR:
+    r"""Symmetrizes the edges of :obj:`source` (both directions, self loops
+    dropped, duplicates removed) into a :class:`SymmetricCSR`, reading the
+    source twice a chunk at a time. Equal to the in-memory
+    :obj:`torch.unique` of both directions' :obj:`row * n + col` codes.
+
+    Args:
+        source (EdgeSource): The directed edges.
+        chunk_edges (int, optional): Edges per chunk of every pass.
+    """
+    n = source.num_nodes
+    deg = symmetric_degrees(source, chunk_edges)
+    col = symmetric_rows(source, 0, n, deg, chunk_edges)
+    rowptr = torch.zeros(n + 1, dtype=torch.long)
     torch.cumsum(deg, dim=0, out=rowptr[1:])
     del deg
-    return SymmetricCSR(rowptr, col[:write], chunk_edges)
+    return SymmetricCSR(rowptr, col, chunk_edges)
+
+
+def parhip_format(num_nodes: int, num_entries: int) -> Tuple[int, int, int]:
+    r"""The ParHIP file of an unweighted graph of :obj:`num_nodes` nodes and
+    :obj:`num_entries` adjacency entries: :obj:`(version, node_bytes,
+    edge_bytes)`, 32-bit node ids below :math:`2^{32}` nodes and 32-bit
+    offsets while the file stays under :obj:`PARHIP_32BIT_LIMIT` bytes."""
+    node_bytes = 4 if num_nodes < 2**32 else 8
+    edge_bytes = 4
+    if PARHIP_HEADER_BYTES + (num_nodes + 1) * 4 + \
+            num_entries * node_bytes >= PARHIP_32BIT_LIMIT:
+        edge_bytes = 8
+    version = 1 | 2 | 16 | 32
+    version |= 4 if edge_bytes == 4 else 0
+    version |= 8 if node_bytes == 4 else 0
+    return version, node_bytes, edge_bytes
 
 
 def write_parhip(csr: CsrView, path: str) -> None:
@@ -205,13 +269,7 @@ def write_parhip(csr: CsrView, path: str) -> None:
     offsets (only when the file is under 4 GiB), 8 32-bit node ids (below
     :math:`2^{32}` nodes), 16 and 32 32-bit weights."""
     n, m = csr.num_nodes, csr.num_entries
-    node_bytes = 4 if n < 2**32 else 8
-    edge_bytes = 4
-    if PARHIP_HEADER_BYTES + (n + 1) * 4 + m * node_bytes >= 2**32:
-        edge_bytes = 8
-    version = 1 | 2 | 16 | 32
-    version |= 4 if edge_bytes == 4 else 0
-    version |= 8 if node_bytes == 4 else 0
+    version, node_bytes, edge_bytes = parhip_format(n, m)
     node_dtype = np.uint32 if node_bytes == 4 else np.uint64
     edge_dtype = np.uint32 if edge_bytes == 4 else np.uint64
     base = PARHIP_HEADER_BYTES + (n + 1) * edge_bytes
@@ -246,5 +304,6 @@ def as_idx_arrays(csr: CsrView, idx_width: int
             col.astype(dtype, copy=False))
 
 
-__all__ = ['CsrView', 'SymmetricCSR', 'symmetric_csr', 'write_parhip',
-           'as_idx_arrays', 'PARHIP_HEADER_BYTES']
+__all__ = ['CsrView', 'SymmetricCSR', 'symmetric_csr', 'symmetric_rows',
+           'symmetric_degrees', 'write_parhip', 'parhip_format',
+           'as_idx_arrays', 'PARHIP_HEADER_BYTES', 'PARHIP_32BIT_LIMIT']

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 
 from torch_geometric.data import Data
 
-from pyg_sar.partition.assign.parts import assign_parts
+from pyg_sar.partition.assign.parts import (KAMINPAR_FILE, PARHIP_FILE,
+                                            assign_parts)
 from pyg_sar.partition.input.checks import check_method, check_num_parts
 from pyg_sar.partition.input.data_source import source_of_data
 from pyg_sar.partition.input.edge_source import (DEFAULT_CHUNK_EDGES,
@@ -40,8 +41,11 @@ from pyg_sar.partition.layout import META_FILE, PERM_FILE
 from pyg_sar.partition.write.common import (class_count, count_per_part,
                                             manifest_header, max_over_mean,
                                             save_file)
+from pyg_sar.partition.workdir import WorkDir
 from pyg_sar.partition.write.out_dir import (check_out_dir, write_atomically,
                                              write_json)
+from pyg_sar.partition.write.resume import (check_disk, disk_needed,
+                                            open_work_dir)
 from pyg_sar.partition.write.shards import (MAX_UNIT_EDGES, LocalExchange,
                                             write_shards)
 from pyg_sar.utils.malloc import configure_allocator
@@ -54,15 +58,31 @@ def open_source(data: Any, allow_non_finite: bool = False
     checked (the directory's data streamed, before any shard is written)."""
     if isinstance(data, Data):
         return source_of_data(data, allow_non_finite)
+    graph = _graph_on_disk(data)
+    return graph.source(), _validate(graph, allow_non_finite, None)
+
+
+def _graph_on_disk(data: Any) -> GraphOnDisk:
     if isinstance(data, (str, os.PathLike)):
         data = GraphOnDisk(data)
     if not isinstance(data, GraphOnDisk):
         raise TypeError(f"Expected a 'torch_geometric.data.Data', a "
                         f"'GraphOnDisk' or a graph directory (got "
                         f"'{type(data).__name__}')")
+    return data
+
+
+def _validate(graph: GraphOnDisk, allow_non_finite: bool,
+              work: Optional[WorkDir]) -> float:
+    r"""Streams over the input's data (skipped when the work directory
+    records it as checked, for the same input files)."""
     check_start = time.perf_counter()
-    data.validate(allow_non_finite)
-    return data.source(), time.perf_counter() - check_start
+    if work is not None and work.verified('check') is not None:
+        return 0.0
+    graph.validate(allow_non_finite)
+    if work is not None:
+        work.record('check')
+    return time.perf_counter() - check_start
 
 
 def _train_mask(source: GraphSource) -> Optional[Tensor]:
@@ -88,6 +108,7 @@ def write_homogeneous(
     chunk_edges: Optional[int] = None,
     max_unit_edges: int = MAX_UNIT_EDGES,
     threads: Optional[int] = None,
+    resume: bool = True,
 ) -> Optional[Dict[str, Any]]:
     r""":func:`pyg_sar.partition.partition_graph` for a homogeneous graph
     (a :class:`Data` or a graph on disk). With an :obj:`exchange` of K
@@ -98,7 +119,16 @@ def write_homogeneous(
     the others :obj:`None`. :obj:`assignment` (one part id per node) skips
     the partitioner. :obj:`chunk_edges` (edges read at a time) defaults to
     1/16 of the edges, between 1M and 16M. :obj:`threads`: KaMinPar's
-    (see :func:`~pyg_sar.partition.assign.parts.assign_parts`)."""
+    (see :func:`~pyg_sar.partition.assign.parts.assign_parts`).
+
+    A graph directory whose assignment is computed here runs resumably:
+    the input check, the ParHIP file, KaMinPar's parts and the final
+    assignment are recorded in a work directory next to :obj:`out_dir`
+    (:mod:`~pyg_sar.partition.workdir`), the output is built inside it, and
+    it is removed once the partition is in place; with :obj:`resume` a
+    matching one left by a run that died is picked up where it stopped.
+    Before the long phases the free disk space is checked against their
+    estimated needs (:mod:`~pyg_sar.partition.write.resume`)."""
     start_time = time.perf_counter()
     configure_allocator()  # freed chunk-sized blocks go back to the OS
     exchange = exchange or LocalExchange()
@@ -106,15 +136,32 @@ def write_homogeneous(
     if exchange.rank != 0:
         return _follow(data, num_parts, exchange, chunk_edges,
                        max_unit_edges)
+    work: Optional[WorkDir] = None
     try:
         check_method(method)
-        source, check_time = open_source(data, allow_non_finite)
+        if isinstance(data, Data):
+            source, check_time = source_of_data(data, allow_non_finite)
+        else:
+            data = _graph_on_disk(data)
+            source = data.source()  # headers only: checked below
         check_num_parts(num_parts, source.num_nodes)
         if assignment is not None:
             assignment = _check_assignment(assignment, source.num_nodes,
                                            num_parts)
         check_out_dir(out_dir, overwrite)
+        if isinstance(data, GraphOnDisk) and assignment is None:
+            work = open_work_dir(data, out_dir, num_parts, method, seed,
+                                 balance_train, allow_non_finite, threads,
+                                 resume).__enter__()
+        disk = disk_needed(source, num_parts, 'given' if assignment is not
+                           None else method,
+                           set(work.phases) if work is not None else None)
+        check_disk(osp.dirname(out_dir), disk['peak'])
+        if isinstance(data, GraphOnDisk):
+            check_time = _validate(data, allow_non_finite, work)
     except BaseException as e:
+        if work is not None:
+            work.close()
         _report(exchange, e)
         raise
     chunk_edges = _chunk_edges(chunk_edges, source)
@@ -129,7 +176,7 @@ def write_homogeneous(
                 part, num_swapped = _assign_parts(
                     source, num_parts, method, seed,
                     train_mask if balance_train else None, bar, timings,
-                    osp.dirname(out_dir), threads)
+                    osp.dirname(out_dir), threads, work)
             else:
                 part, num_swapped = assignment, 0
                 bar.update(2)
@@ -155,17 +202,31 @@ def write_homogeneous(
                      'is_hetero': False, 'is_sorted': True},
                     osp.join(tmp_dir, META_FILE))
         timings['write'] = round(time.perf_counter() - stage_start, 3)
-        return _manifest(source, num_parts, method, seed, balance_train,
-                         train_mask, num_swapped, node_ptr, stats, timings)
+        manifest = _manifest(source, num_parts, method, seed,
+                             balance_train, train_mask, num_swapped,
+                             node_ptr, stats, timings)
+        if work is not None:
+            manifest['resumed'] = list(work.resumed)
+            manifest['disk_bytes'] = {
+                phase: sum(f['bytes'] for f in record['files'].values())
+                for phase, record in work.phases.items()
+                if record['files']}
+        return manifest
 
     try:
         manifest = write_atomically(out_dir, write, 4 + num_parts,
                                      progress, start_time, check_time,
-                                     overwrite)
+                                     overwrite,
+                                     tmp_parent=None if work is None
+                                     else work.root)
     except BaseException as e:
+        if work is not None:
+            work.close()  # kept if a new run can resume from it
         if started:  # the other writers wait for the outcome
             _report(exchange, e)
         raise
+    if work is not None:
+        work.remove()
     if exchange.world_size > 1:
         _sync(exchange, ('ok', None))
     return manifest
@@ -257,15 +318,18 @@ def _check_assignment(assignment: Any, num_nodes: int,
 def _assign_parts(source: GraphSource, num_parts: int, method: str,
                   seed: int, balance_mask: Optional[Tensor], bar: tqdm,
                   timings: Dict[str, float], tmp_dir: str,
-                  threads: Optional[int]) -> Tuple[Tensor, int]:
+                  threads: Optional[int], work: Optional[WorkDir]
+                  ) -> Tuple[Tensor, int]:
     r"""One part id per node
     (:func:`~pyg_sar.partition.assign.parts.assign_parts` on the source's
     edge chunks; KaMinPar's input file in :obj:`tmp_dir`) and the number of
     training-node swaps."""
     part, stats = assign_parts(source.edges, num_parts, method, seed,
                                balance_mask, threads=threads,
-                               tmp_dir=tmp_dir,
+                               tmp_dir=tmp_dir, work=work,
                                progress_callback=bar.set_postfix_str)
+    if work is not None:  # the shards need neither: free their disk
+        work.discard(PARHIP_FILE, KAMINPAR_FILE)
     bar.update(2)
     timings.update(stats['timings'])
     return part, stats['num_swapped']

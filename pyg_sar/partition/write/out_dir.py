@@ -71,9 +71,12 @@ def write_atomically(
     start_time: float,
     check_time: Optional[float],
     overwrite: bool,
+    tmp_parent: Optional[str] = None,
 ) -> Dict[str, Any]:
     r"""Runs :obj:`write(tmp_dir, bar)` in a temporary folder next to
-    :obj:`out_dir`, adds the timings and the content hash of every written
+    :obj:`out_dir` (or in :obj:`tmp_parent`, a folder on the same file
+    system: a resumable run's work directory, which clears what a killed
+    run left there), adds the timings and the content hash of every written
     file (:obj:`files`, see :func:`~pyg_sar.partition.digest.hash_tree`) to
     the manifest it returns, writes the manifest and renames the folder to
     :obj:`out_dir` (:func:`_replace_dir`). A failure leaves nothing
@@ -83,7 +86,7 @@ def write_atomically(
     parent = osp.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f'.{osp.basename(out_dir)}.tmp-',
-                               dir=parent)
+                               dir=tmp_parent or parent)
     try:
         # mkdtemp creates the folder private (0700); give the final
         # partition the permissions of a normally created directory.
@@ -96,6 +99,9 @@ def write_atomically(
             manifest = write(tmp_dir, bar)
         hash_start = time.perf_counter()
         manifest['files'] = hash_tree(tmp_dir, exclude=(MANIFEST_FILE, ))
+        if 'disk_bytes' in manifest:
+            manifest['disk_bytes']['write'] = sum(
+                f['bytes'] for f in manifest['files'].values())
         manifest['time_s']['hash'] = round(time.perf_counter() - hash_start,
                                            3)
         if check_time is not None:
