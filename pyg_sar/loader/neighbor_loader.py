@@ -24,7 +24,6 @@ being their one-type case.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -33,17 +32,22 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_sar import comm
+from pyg_sar.loader.balance import rebalance
+from pyg_sar.loader.batches.attributes import fetch_plan
 from pyg_sar.loader.batches.data import data_batch
+from pyg_sar.loader.epoch import start_epoch
 from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
                                     agree_with_peers, check_num_neighbors,
-                                    constructor_signature,
-                                    count_batches_and_seed, local_seeds,
-                                    resolve, store_batch_options,
+                                    check_world, constructor_signature,
+                                    count_batches_and_seed, resolve,
+                                    store_batch_options,
                                     store_sampling_options)
+from pyg_sar.loader.seeds import epoch_batches, ids_mode, input_seeds
 from pyg_sar.loader.sampling.disjoint import grow_subtrees
 from pyg_sar.loader.sampling.exchange import answer, exchange_hop
 from pyg_sar.loader.sampling.neighborhood import BatchIds, grow
-from pyg_sar.loader.sampling.temporal import edge_times, seed_times
+from pyg_sar.loader.sampling.temporal import (edge_times, pick_times,
+                                              seed_times)
 from pyg_sar.loader.shards.base import EDGE, NODE, edge_weight, schema
 from pyg_sar.loader.shards.shard import to_shard
 from pyg_sar.loader.shards.stores import is_hetero
@@ -183,75 +187,114 @@ class DistNeighborLoader:
             type(self).__name__, args, kwargs, NODE_ORDER, PYG_NODE_ORDER))
 
     def _setup(self, data: Any, num_neighbors: Sequence[int],
-               input_nodes: Optional[Tensor] = None, batch_size: int = 1,
-               shuffle: bool = False, drop_last: bool = False,
-               replace: bool = False, seed: Optional[int] = None,
-               transform: Optional[Callable[[Data], Data]] = None,
-               pad_batches: bool = False,
-               subgraph_type: str = 'directional',
-               device: Optional[torch.device] = None,
+               input_nodes: Optional[Tensor] = None,
+               input_time: Optional[Tensor] = None, replace: bool = False,
+               subgraph_type: str = 'directional', disjoint: bool = False,
+               temporal_strategy: str = 'uniform',
+               time_attr: Optional[str] = None,
                weight_attr: Optional[str] = None,
-               disjoint: bool = False, time_attr: Optional[str] = None,
-               input_time: Optional[Tensor] = None,
-               temporal_strategy: str = 'uniform') -> None:
+               transform: Optional[Callable[[Data], Data]] = None,
+               transform_sampler_output: Optional[Callable] = None, *,
+               batch_size: int = 1, shuffle: bool = False,
+               drop_last: bool = False, num_workers: int = 0,
+               prefetch_factor: Optional[int] = None,
+               generator: Optional[torch.Generator] = None,
+               worker_init_fn: Optional[Callable[[int], None]] = None,
+               seed: Optional[int] = None,
+               pad_batches: Optional[bool] = None,
+               device: Optional[torch.device] = None,
+               ids: Optional[str] = None,
+               node_attrs: Optional[List[str]] = None) -> None:
+        self.data = data
         self.shard = to_shard(data)
         self.num_neighbors = check_num_neighbors(num_neighbors)
         store_batch_options(self, batch_size, shuffle, drop_last, replace,
-                            transform, pad_batches, device)
+                            transform, pad_batches, device,
+                            transform_sampler_output, num_workers,
+                            prefetch_factor, worker_init_fn)
         store_sampling_options(self, subgraph_type, disjoint, time_attr,
                                input_time, temporal_strategy)
         self.weight_attr = weight_attr
         self.edge_weight = edge_weight(self.shard, weight_attr)
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
-        self.input_nodes = self._resolve_input_nodes(input_nodes)
-        count_batches_and_seed(self, seed)
-        self.num_global_batches = self._agree_with_peers()
+        self.ids = ids_mode(ids, self.shard.orig_ids)
+        fetch_plan(self, node_attrs)
+        self.input_nodes, self.input_positions = \
+            self._resolve_input_nodes(input_nodes)
+        check_world(self.shard)
+        counts = self._agree_with_peers()
         self.edge_time = self.seed_time = self.node_time = None
         if time_attr is not None:  # collective (node times of sources)
             self.edge_time, self.node_time = edge_times(self.shard, time_attr)
             self.seed_time = self._seed_times(input_time, self.node_time)
+        self._balance(counts)
+        count_batches_and_seed(self, seed, generator, counts)
         # Global id -> batch-local id of the batch being built.
         self.batch_ids = {NODE: BatchIds(self.shard.num_nodes)}
         self._epoch_running = False
+        self._pending = None
 
     # Set-up #################################################################
 
-    def _resolve_input_nodes(self, input_nodes: Optional[Tensor]) -> Tensor:
+    def _resolve_input_nodes(self, input_nodes: Optional[Tensor]):
+        """``(seeds, positions)`` of this rank's inputs
+        (:func:`~pyg_sar.loader.seeds.input_seeds`)."""
         shard = self.shard
-        start, count = shard.node_start, shard.num_local_nodes
-        if input_nodes is None:
-            return torch.arange(start, start + count)
-        if isinstance(input_nodes, (list, tuple)):
-            input_nodes = torch.as_tensor(input_nodes, dtype=torch.long)
-        if not isinstance(input_nodes, Tensor):
-            raise TypeError(f"'input_nodes' must be a boolean mask over the "
-                            f"local nodes or a tensor of global node ids "
-                            f"(got {type(input_nodes).__name__})")
-        if input_nodes.dim() != 1:
-            raise ValueError(f"'input_nodes' must be one-dimensional (got "
-                             f"shape {list(input_nodes.shape)})")
+        if input_nodes is not None and not isinstance(
+                input_nodes, (Tensor, list, tuple)):
+            raise TypeError(f"'input_nodes' must be a boolean mask or a "
+                            f"tensor of node ids (got "
+                            f"{type(input_nodes).__name__})")
 
         def owner(bad: int) -> str:
             return (f'rank {int(shard.owner(torch.tensor([bad]))[0])}'
                     if 0 <= bad < shard.num_nodes else 'no rank')
-        return local_seeds(input_nodes, start, count, self.rank, 'global',
-                           'part.train_mask', owner)
+        return input_seeds(input_nodes, shard.node_start,
+                           shard.num_local_nodes, shard.num_nodes,
+                           shard.orig_ids, self.ids, self.rank, 'global',
+                           'part.train_mask',
+                           list(shard.node_attrs.values()), owner)
 
-    def _agree_with_peers(self) -> int:
+    def _input_columns(self) -> Dict[str, Tensor]:
+        """One row per input of this rank, what balancing moves."""
+        columns = dict(nodes=self.input_nodes,
+                       positions=self.input_positions)
+        if self.seed_time is not None:
+            columns['time'] = self.seed_time
+        return columns
+
+    def _set_input_columns(self, columns: Dict[str, Tensor]) -> None:
+        self.input_nodes = columns['nodes']
+        self.input_positions = columns['positions']
+        if self.seed_time is not None:
+            self.seed_time = columns['time']
+
+    def _balance(self, counts: List[int]) -> None:
+        """Moves the surplus inputs of the ranks above their share to those
+        below (:mod:`~pyg_sar.loader.balance`; collective), by default."""
+        if self.balanced and self.world_size > 1:
+            self._set_input_columns(rebalance(self._input_columns(), counts,
+                                              self.rank))
+
+    def _agree_with_peers(self) -> List[int]:
         """Checks that all ranks are configured alike (collective) and
-        returns the largest number of batches of any rank."""
+        returns every rank's number of inputs."""
         shard = self.shard
         options = dict(
             partition=shard.fingerprint,
             num_neighbors=tuple(self.num_neighbors), replace=self.replace,
-            pad_batches=self.pad_batches,
+            pad_batches=self.pad_mode, batch_size=self.batch_size,
+            drop_last=self.drop_last, ids=self.ids,
+            fetched=tuple((t, tuple(schema(v)))
+                          for t, v in self.node_sources.items()),
             node_attributes=schema(shard.node_attrs),
             edge_attributes=schema(shard.edge_attrs),
             subgraph_type=self.subgraph_type, weight_attr=self.weight_attr,
             disjoint=self.disjoint, time_attr=self.time_attr,
             temporal_strategy=self.temporal_strategy, **self._extra_config())
-        return agree_with_peers(shard, options, self.num_batches,
+        return agree_with_peers(shard, options,
+                                int(self.input_nodes.numel()),
                                 type(self).__name__)
 
     def _extra_config(self) -> Dict[str, Any]:
@@ -266,45 +309,35 @@ class DistNeighborLoader:
         return self.num_global_batches if self.pad_batches else \
             self.num_batches
 
+    @property
+    def dataset(self) -> range:
+        """This rank's inputs (after balancing), as the ``range`` PyG's
+        loaders iterate (``len(loader.dataset)``: how many this rank
+        batches per epoch, before ``drop_last``)."""
+        return range(int(self.input_nodes.numel()))
+
     def __iter__(self) -> Iterator[Data]:
-        if self._epoch_running and self.world_size > 1:
+        if self._epoch_running and self._pending is None and \
+                self.world_size > 1:
             raise RuntimeError(
                 'a new epoch was started while an iterator of the previous '
                 'one is still open on this rank (neither exhausted nor '
                 'closed); its peers would wait forever. Iterate it to the '
                 'end or close it (a for loop closes it at break)')
-        return self._epoch()
+        return start_epoch(self, self._own_batches())
 
     def _seed_times(self, input_time: Optional[Tensor],
                     node_time: Optional[Tensor]) -> Optional[Tensor]:
         """The time of every input (temporal sampling)."""
         return seed_times(self.input_nodes, self.shard.node_start,
-                          input_time, node_time,
+                          pick_times(input_time, self.input_positions),
+                          node_time,
                           "time_attr is an edge attribute: pass input_time, "
                           "the seeds' times")
 
     def _batch(self, own: Tensor) -> Data:
         """The batch of the inputs at positions ``own`` (collective)."""
         return self._sample_round(self.input_nodes[own], own)
-
-    def _epoch(self) -> Iterator[Data]:
-        self._epoch_running = True
-        try:
-            batches = self._own_batches()
-            for index in itertools.count():
-                own = batches[index] if index < len(batches) else None
-                batch = self._round(own, len(batches) - index)
-                if batch is None:  # every rank is done
-                    return
-                if own is not None or self.pad_batches:
-                    if self.device is not None:
-                        batch = batch.to(self.device)
-                    yield self.transform(batch) if self.transform else batch
-        except GeneratorExit:  # left early: the peers' rounds go on
-            comm.finish_before_next_operation(self._finish_epoch)
-            raise
-        finally:
-            self._epoch_running = False
 
     def _finish_epoch(self) -> None:
         """Answers the peers' requests, with no seeds of this rank, until no
@@ -313,12 +346,14 @@ class DistNeighborLoader:
             pass
 
     def _own_batches(self) -> List[Tensor]:
-        """This rank's seed positions of the epoch, one tensor per batch."""
+        """This rank's input positions of the epoch, one tensor per batch
+        (:func:`~pyg_sar.loader.seeds.epoch_batches`)."""
         num_inputs = self.input_nodes.numel()
         positions = torch.arange(num_inputs)
         if self.shuffle:
             positions = torch.randperm(num_inputs, generator=self.generator)
-        return list(positions.split(self.batch_size))[:self.num_batches]
+        return epoch_batches(positions, self.num_batches, self.batch_size,
+                             self.drop_last)
 
     def _round(self, own: Optional[Tensor], remaining: int) -> Optional[Data]:
         """One collective round on the loaders' channel: the batch of the
