@@ -29,9 +29,11 @@ class Shard(NodeShard, EdgeShard):
                  node_ptr: Tensor, csc_ptr: Tensor, csc_src: Tensor,
                  csc_eid: Tensor, node_attrs: Dict[str, Tensor],
                  edge_attrs: Dict[str, Tensor], fingerprint: str,
-                 orig_ids: Optional[Tensor] = None) -> None:
+                 orig_ids: Optional[Tensor] = None,
+                 orig_eids: Optional[Tensor] = None) -> None:
         NodeShard.__init__(self, rank, node_ptr, node_attrs, orig_ids)
-        EdgeShard.__init__(self, csc_ptr, csc_src, csc_eid, edge_attrs)
+        EdgeShard.__init__(self, csc_ptr, csc_src, csc_eid, edge_attrs,
+                           orig_eids)
         self.rank = rank
         self.num_parts = num_parts
         self.num_nodes = num_nodes
@@ -52,7 +54,8 @@ class Shard(NodeShard, EdgeShard):
         return cls(int(part.rank), int(part.num_parts), int(part.num_nodes),
                    part.node_ptr, part.csc_ptr, part.csc_src, part.csc_eid,
                    dict(part.node_attrs), dict(part.edge_attrs),
-                   str(part.fingerprint), part.orig_ids)
+                   str(part.fingerprint), part.orig_ids,
+                   getattr(part, 'orig_eids', None))
 
     @classmethod
     def from_stores(cls, feature_store, graph_store) -> 'Shard':
