@@ -123,8 +123,9 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                    dst_nodes, edges, of: str = ''):
         """``(src, dst, label, positions)`` of this rank's labelled pairs,
         in partition ids. ``index`` ``None``: the in-edges of this rank's
-        nodes (``edges``), positions their edge ids (the dataset's where
-        the partition records them, else the partition's). Dataset ids
+        nodes (``edges``), positions their dataset edge ids (with
+        ``ids='dataset'`` where the partition records them, as PyG's
+        ``arange(num_edges)``), else their local positions. Dataset ids
         (``ids='dataset'``): the whole graph's pairs (every rank may pass
         the same), each rank keeping those whose destination it owns,
         positions their columns in ``index``; partition ids: this rank's
@@ -133,7 +134,7 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             pairs = edges.local_pairs(dst_nodes.node_start,
                                       dst_nodes.num_local_nodes)
             ids = edges.orig_eids if self.ids == 'dataset' and \
-                edges.orig_eids is not None else edges.csc_eid
+                edges.orig_eids is not None else torch.arange(pairs.size(1))
             if label is not None and label.size(0) != pairs.size(1):
                 raise ValueError(f"'edge_label' has {label.size(0)} entries "
                                  f"for {pairs.size(1)} pairs")
