@@ -63,7 +63,7 @@ def _worker(rank: int, world_size: int, port: int, root: str,
     loader = DistNeighborLoader(part, FANOUTS,
                                 input_nodes=part.node_ids[:needed],
                                 batch_size=args.batch_size, shuffle=False,
-                                seed=0)
+                                seed=0, ids='partition', pad_batches=False)
     comm.barrier()
     comm.reset_comm_stats()
     epoch = iter(loader)

@@ -360,11 +360,26 @@ class DistNeighborLoader:
         positions ``own`` (``None``: no seeds, only the peers' requests
         answered), or ``None`` when no rank has batches left (``remaining``:
         this rank's)."""
-        with comm.on_channel('loader'):
-            left = torch.tensor([max(remaining, 0)], dtype=torch.long)
-            if int(comm.all_reduce(left, 'sum')[0]) == 0:
-                return None
-            return self._batch(_NO_SEEDS if own is None else own)
+        try:
+            with comm.on_channel('loader'):
+                left = torch.tensor([max(remaining, 0)], dtype=torch.long)
+                if int(comm.all_reduce(left, 'sum')[0]) == 0:
+                    return None
+                return self._batch(_NO_SEEDS if own is None else own)
+        except comm.PeerError as error:
+            counts = self.batch_counts
+            if len(set(counts)) == 1 or self.pad_batches:
+                raise
+            raise comm.PeerError(
+                f"{error} [{type(self).__name__} was built with "
+                f"pad_batches=False and the ranks have different numbers of "
+                f"batches ({_listed(counts)}): a collective inside the loop (e.g. all_reduce_grads) "
+                f"on a rank whose peers have finished their batches waits "
+                f"for them; leave pad_batches at its default (balanced "
+                f"inputs) or set pad_batches=True]",
+                **{k: getattr(error, k) for k in (
+                    'rank', 'operation', 'peer', 'address', 'elapsed',
+                    'timeout', 'timed_out')}) from error
 
     # One collective round ###################################################
 
@@ -425,6 +440,10 @@ class DistNeighborLoader:
                 f'batch_size={self.batch_size}, '
                 f'num_batches={self.num_batches}, '
                 f'num_global_batches={self.num_global_batches})')
+
+
+def _listed(counts: List[int]) -> str:
+    return ', '.join(f'rank {r}: {n}' for r, n in enumerate(counts))
 
 
 DistNeighborLoader.__signature__ = constructor_signature(

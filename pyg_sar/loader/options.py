@@ -334,6 +334,7 @@ def count_batches_and_seed(loader: Any, seed: Optional[int],
     from pyg_sar.loader.seeds import num_epoch_batches
     batches = num_epoch_batches(counts, loader.batch_size, loader.drop_last,
                                 loader.balanced)
+    loader.batch_counts = batches
     loader.num_batches = batches[loader.rank]
     loader.num_global_batches = max(batches)
     if generator is not None:

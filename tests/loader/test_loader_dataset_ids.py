@@ -304,3 +304,21 @@ def test_single_process_keywords(parts):
     same = next(iter(DistNeighborLoader(part, [2], batch_size=8, seed=0,
                                         ids='partition')))
     assert torch.equal(part.orig_ids[same.n_id], plain.n_id)
+
+
+def _uneven_worker(rank, world_size, root):
+    from pyg_sar import comm
+    part = load_partition(root, rank)
+    own = part.node_ids[:4 if rank == 0 else 2]
+    loader = DistNeighborLoader(part, [2], own, batch_size=2,
+                                ids='partition', pad_batches=False)
+    for _ in loader:
+        comm.global_count(1)  # a collective per step: not paired at the end
+
+
+def test_uneven_opt_in_names_pad_batches_when_it_fails(parts):
+    _, roots = parts
+    out = run_workers(_uneven_worker, 2, roots[2], timeout_s=4,
+                      expect_errors=True)
+    assert out[1][0] == 'error' and 'pad_batches=False' in out[1][1]
+    assert 'rank 0: 2, rank 1: 1' in out[1][1]
