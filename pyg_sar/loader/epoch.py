@@ -144,3 +144,24 @@ def start_epoch(loader: Any, batches: List[Any]) -> Iterator[Any]:
     if loader.num_workers > 0:
         return iter(Prefetcher(loader, batches))
     return run_epoch(loader, batches)
+
+
+def uneven_hint(loader: Any, error: BaseException) -> BaseException:
+    """The error of a failed round: ``error`` itself, or, when the ranks
+    have different numbers of batches (``pad_batches=False``), a
+    :class:`~pyg_sar.comm.PeerError` that names them and the setting (a
+    collective in the loop body is then the likely cause)."""
+    counts = loader.batch_counts
+    if len(set(counts)) == 1 or loader.pad_batches:
+        return error
+    listed = ', '.join(f'rank {r}: {n}' for r, n in enumerate(counts))
+    return comm.PeerError(
+        f"{error} [{type(loader).__name__} was built with "
+        f"pad_batches=False and the ranks have different numbers of "
+        f"batches ({listed}): a collective inside the loop (e.g. "
+        f"all_reduce_grads) on a rank whose peers have finished their "
+        f"batches waits for them; leave pad_batches at its default "
+        f"(balanced inputs) or set pad_batches=True]",
+        **{k: getattr(error, k, None) for k in (
+            'rank', 'operation', 'peer', 'address', 'elapsed', 'timeout',
+            'timed_out')})

@@ -49,9 +49,11 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
     Args:
         edge_label_index ((EdgeType, Tensor) or EdgeType): The pairs'
             edge type (a ``(src, rel, dst)`` tuple or ``'src__rel__dst'``)
-            with ``[2, num_pairs]`` global (partition) ids of the source
-            and destination types, any owners; the edge type alone (or with
-            ``None``): this rank's in-edges of that type.
+            with ``[2, num_pairs]`` dataset ids of the source and
+            destination types (every rank may pass the same; each keeps the
+            pairs whose destination it owns; ``ids='partition'``: this
+            rank's pairs of partition ids); the edge type alone (or with
+            ``None``): every edge of the type (each rank its in-edges).
 
     The other arguments (``edge_label``, ``neg_sampling``,
     ``neg_sampling_ratio``, ``batch_size``, ``shuffle``, ``drop_last``,

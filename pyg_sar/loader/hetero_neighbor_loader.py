@@ -56,14 +56,15 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
 
     - per node type: every node attribute of the type (``x``, ``y``,
       masks, ...) with rows in ``n_id`` order (``num_nodes`` for a type
-      without attributes); ``n_id``: the nodes' global ids in the
-      *partition's* per-type numbering (as the homogeneous loader's
-      ``n_id``; ``part[t].orig_ids`` / ``perm/<type>.pt`` map them to input
-      ids); ``num_sampled_nodes``: new nodes per hop, hop 0 being the seeds
+      without attributes); ``n_id``: the nodes' *dataset* ids of that type
+      (``x_dict[t][batch[t].n_id]`` is ``batch[t].x``; the partition's
+      per-type ids with ``ids='partition'`` or PyG's stores);
+      ``num_sampled_nodes``: new nodes per hop, hop 0 being the seeds
       (``batch_size`` for the input type, ``0`` for the others);
     - per edge type: ``edge_index`` in batch-local ids of the source and
       destination types, messages flowing from ``edge_index[0]`` to
-      ``edge_index[1]``; ``e_id``: the partition's per-type edge ids;
+      ``edge_index[1]``; ``e_id``: the dataset's per-type edge ids (the
+      partition's with ``ids='partition'``);
       every edge attribute, rows in ``e_id`` order; ``num_sampled_edges``
       per hop;
     - on the input type: ``batch_size`` seeds, which come first in its
@@ -78,11 +79,18 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             edge type needs one, all with the same number of hops; PyG's
             ``NumNeighbors`` also works). ``-1`` takes all in-edges.
         input_nodes (str or (str, Tensor)): The seeds' node type, alone
-            (every local node of it) or with a boolean mask over the type's
-            local nodes (e.g. ``part['paper'].train_mask``) or the type's
-            global ids owned by this rank, each at most once.
-        batch_size, shuffle, drop_last, replace: As for the homogeneous loader.
-        seed, transform, pad_batches, device: As for the homogeneous loader.
+            (every node of it) or with a boolean mask over the whole
+            graph's nodes of the type (e.g. ``data['paper'].train_mask``)
+            or the type's dataset ids, as PyG takes them (every rank keeps
+            those it owns); a mask over the part's nodes of the type (e.g.
+            ``part['paper'].train_mask``) works too. ``input_id`` is the
+            seeds' positions in it, as in PyG.
+
+        Every other argument (PyG's order and keywords, balancing,
+        ``num_workers``, ``transform_sampler_output`` (given a
+        :class:`~torch_geometric.sampler.HeteroSamplerOutput` in partition
+        ids), ``ids``, ``node_attrs``, ...) is as for the homogeneous
+        :class:`~pyg_sar.loader.DistNeighborLoader`; in particular:
 
         subgraph_type (str): ``"directional"``, ``"bidirectional"``
             (PyG's ``HeteroSamplerOutput.to_bidirectional`` of the sample:

@@ -33,16 +33,23 @@ class DistLinkNeighborLoader(DistNeighborLoader):
     ``torch_geometric.distributed.DistLinkNeighborLoader``) on a partition
     made by :func:`pyg_sar.partition_graph`.
 
-    Every rank passes its own labelled pairs and iterates its own batches, as
-    with :class:`DistNeighborLoader` (same collective rules: iterate every
-    epoch to the end; ``pad_batches=True`` for training with gradient
-    all-reduce). A batch is laid out as ``LinkNeighborLoader``'s:
+    Every rank may pass the same labelled pairs (PyG's
+    ``edge_label_index``, in dataset ids): each keeps the pairs whose
+    destination it owns, then the ranks balance them (same rules as
+    :class:`DistNeighborLoader`: every rank yields the same number of
+    batches by default; ``pad_batches=True``/``False`` opt out). With
+    ``ids='partition'`` each rank passes its own pairs in partition ids
+    (any owners), as before. A batch is laid out as
+    ``LinkNeighborLoader``'s:
 
     - ``n_id``: the pairs' distinct endpoints (positives and negatives,
       sorted by id) first, then the nodes new in each hop; ``e_id``,
       ``edge_index``, ``num_sampled_nodes``, ``num_sampled_edges`` and every
       node and edge attribute as in :class:`DistNeighborLoader`;
-    - ``input_id``: the pairs' positions in :obj:`edge_label_index`;
+    - ``n_id`` and ``e_id`` in dataset ids (``ids='partition'``: the
+      partition's), as :class:`DistNeighborLoader`'s;
+    - ``input_id``: the pairs' positions in :obj:`edge_label_index` (for
+      ``None``: the dataset's edge ids of this rank's in-edges);
     - binary negative sampling (or none): ``edge_label_index`` (batch-local
       ids, positives then negatives) and ``edge_label`` (the given labels,
       or ones, then zeros for the negatives);
@@ -58,8 +65,9 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             ``(LocalFeatureStore, LocalGraphStore)`` loaded from it.
         num_neighbors (List[int]): Fanout per hop (``-1``: all).
         edge_label_index (Tensor, optional): ``[2, num_pairs]`` pairs of
-            global (partition) node ids, any owners. ``None``: this rank's
-            in-edges.
+            dataset node ids (the whole graph's; with ``ids='partition'``
+            this rank's pairs of partition ids). ``None``: every edge
+            (each rank its in-edges).
         edge_label (Tensor, optional): One label per pair (binary or no
             negative sampling only).
         edge_label_time (Tensor, optional): One time per pair, for
@@ -79,9 +87,15 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         neg_sampling_ratio (float, optional): PyG's deprecated shortcut for
             binary sampling with this amount.
         batch_size, shuffle, drop_last, replace, seed, transform: as for
-            :class:`DistNeighborLoader`.
-        pad_batches: as for :class:`DistNeighborLoader`.
-        **kwargs: as for :class:`DistNeighborLoader`.
+            :class:`DistNeighborLoader`, and so are every other argument of
+            PyG's ``LinkNeighborLoader`` (its positional order:
+            ``edge_label_index, edge_label, edge_label_time, replace,
+            subgraph_type, disjoint, temporal_strategy, neg_sampling,
+            neg_sampling_ratio, time_attr, weight_attr, transform,
+            transform_sampler_output, is_sorted, filter_per_worker,
+            neighbor_sampler, directed``) and pyg_sar's keywords
+            (``pad_batches``, ``num_workers``, ``ids``, ``node_attrs``,
+            ...). ``NegativeSampling`` weights are over the dataset's ids.
     """
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,
