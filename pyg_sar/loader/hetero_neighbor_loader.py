@@ -85,13 +85,12 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             those it owns); a mask over the part's nodes of the type (e.g.
             ``part['paper'].train_mask``) works too. ``input_id`` is the
             seeds' positions in it, as in PyG.
-
-        Every other argument (PyG's order and keywords, balancing,
-        ``num_workers``, ``transform_sampler_output`` (given a
-        :class:`~torch_geometric.sampler.HeteroSamplerOutput` in partition
-        ids), ``ids``, ``node_attrs``, ...) is as for the homogeneous
-        :class:`~pyg_sar.loader.DistNeighborLoader`; in particular:
-
+        others: Every other argument (PyG's order and keywords,
+            balancing, ``num_workers``, ``transform_sampler_output`` (given
+            a :class:`~torch_geometric.sampler.HeteroSamplerOutput` in
+            partition ids), ``ids``, ``node_attrs``, ...) is as for the
+            homogeneous :class:`~pyg_sar.loader.DistNeighborLoader`; in
+            particular the following.
         subgraph_type (str): ``"directional"``, ``"bidirectional"``
             (PyG's ``HeteroSamplerOutput.to_bidirectional`` of the sample:
             an edge type merged with its reverse type loses ``e_id`` and
