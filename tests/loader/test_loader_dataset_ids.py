@@ -235,6 +235,17 @@ def _link_worker(rank, world_size, root, data):
         positives = batch.n_id[batch.edge_label_index[:, :num_pos]]
         assert torch.equal(positives, pairs[:, batch.input_id])
         seen.append(batch.input_id)
+    # Negative sampling weights are over the dataset's ids.
+    from torch_geometric.sampler import NegativeSampling
+    allowed = torch.tensor([4, 77, 120])
+    weight = torch.zeros(data.num_nodes)
+    weight[allowed] = 1.0
+    for batch in DistLinkNeighborLoader(
+            part, [2], pairs, batch_size=6, seed=rank,
+            neg_sampling=NegativeSampling('binary', 1, dst_weight=weight)):
+        num_pos = batch.input_id.numel()
+        negatives = batch.n_id[batch.edge_label_index[1, num_pos:]]
+        assert bool(torch.isin(negatives, allowed).all())
     return torch.cat(seen), len(loader)
 
 
@@ -265,6 +276,27 @@ def _hetero_worker(rank, world_size, root, data):
         assert torch.equal(mask.nonzero().view(-1)[batch[PAPER].input_id],
                            batch[PAPER].n_id[:bs])
         seeds.append(batch[PAPER].n_id[:bs])
+    # transform_sampler_output on a HeteroSamplerOutput (partition ids):
+    # keeping every citation of an even position keeps its attributes.
+    seen = []
+
+    def halve_cites(out):
+        seen.append(out.metadata[0])
+        keep = torch.arange(0, out.row[CITES].numel(), 2)
+        for name in ('row', 'col', 'edge'):
+            getattr(out, name)[CITES] = getattr(out, name)[CITES][keep]
+        out.num_sampled_edges = None
+        return out
+    for batch in DistNeighborLoader(part, [3, 2], (PAPER, mask),
+                                    batch_size=4, seed=2,
+                                    transform_sampler_output=halve_cites):
+        assert torch.equal(seen[-1], batch[PAPER].input_id)
+        ends = torch.stack([batch[PAPER].n_id[batch[CITES].edge_index[0]],
+                            batch[PAPER].n_id[batch[CITES].edge_index[1]]])
+        assert torch.equal(data[CITES].edge_index[:, batch[CITES].e_id],
+                           ends)
+        assert torch.equal(data[CITES].edge_attr[batch[CITES].e_id],
+                           batch[CITES].edge_attr)
     return torch.cat(seeds), len(loader)
 
 
