@@ -44,6 +44,7 @@ def _deliver(loader: Any, batch: Any) -> Any:
 
 def run_epoch(loader: Any, batches: List[Any]) -> Iterator[Any]:
     """The epoch's batches in this thread (``num_workers=0``)."""
+    loader._epoch_running = True  # at the first next(), as the rounds
     try:
         for index in itertools.count():
             own = batches[index] if index < len(batches) else None
@@ -101,6 +102,7 @@ class Prefetcher:
             self._put(error)
 
     def __iter__(self) -> Iterator[Any]:
+        self.loader._epoch_running = True
         self.thread.start()  # at the first next(), as the rounds would
         try:
             while True:
@@ -140,7 +142,6 @@ def start_epoch(loader: Any, batches: List[Any]) -> Iterator[Any]:
     previous: Optional[Prefetcher] = getattr(loader, '_pending', None)
     if previous is not None:  # the last epoch's thread, still answering
         previous.join()
-    loader._epoch_running = True
     if loader.num_workers > 0:
         return iter(Prefetcher(loader, batches))
     return run_epoch(loader, batches)
