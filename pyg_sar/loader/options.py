@@ -89,6 +89,16 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
                             f"'{key}'")
         options[key] = value
     _check_rpc(name, options)
+    for key in ('input_time', 'edge_label_time', 'replace'):
+        value = options.get(key)
+        if key == 'replace' and value is not None and not isinstance(
+                value, (bool, int)) or key != 'replace' and isinstance(
+                    value, (bool, int, float)):
+            raise TypeError(
+                f"{name}: {value!r} was passed as {key!r}, which it cannot "
+                f"be (PyG's positional order applies: "
+                f"{', '.join(order[:4])}, ...; batch_size, shuffle and "
+                f"pyg_sar's options are keyword-only)")
     _check_unsupported(name, options)
     link = 'Link' in name
     known = [k for k in order + KEYWORDS if k not in (

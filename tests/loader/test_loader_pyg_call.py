@@ -96,6 +96,7 @@ def test_pyg_positional_and_keyword_calls_equal_ours(one_part):
 
 def test_pyg_arguments_that_change_batches_are_refused(one_part):
     part = load_partition(one_part, 0)
+    mask = part.train_mask
     cases = [
         (dict(current_ctx=_context(1, 2)), 'current_ctx says rank 1 of 2'),
         (dict(dist_sampler=object()), 'dist_sampler'),
@@ -134,6 +135,10 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
     with pytest.raises(TypeError, match="'generator' must be a "
                        "torch.Generator"):
         DistNeighborLoader(part, FANOUTS, generator=3)
+    # pyg_sar's old order (input_nodes, batch_size, shuffle) is named.
+    with pytest.raises(TypeError, match="16 was passed as 'input_time'.*"
+                       "keyword-only"):
+        DistNeighborLoader(part, FANOUTS, mask, 16, True)
 
 
 def _bidirectional(rank, world_size, root):
