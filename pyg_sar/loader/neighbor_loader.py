@@ -89,7 +89,9 @@ class DistNeighborLoader:
       ids) both are the partition's relabelled ids instead;
     - ``input_id``: the seeds' positions in :obj:`input_nodes` (for a mask,
       in ``input_nodes.nonzero()``; for ``None``, the dataset ids), as in
-      PyG; ``batch_size``;
+      PyG (for a mask over a part or ``ids='partition'`` ids: in the input
+      of the rank that was given the seed, which balancing may move);
+      ``batch_size``;
     - ``num_sampled_nodes`` (per hop, seeds first) and ``num_sampled_edges``
       (per hop).
 
