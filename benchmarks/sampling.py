@@ -32,9 +32,13 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 FANOUTS = [15, 10, 5]
 
 
-def _time_batches(loader_iter, num_warmup: int, num_batches: int):
+def _time_batches(loader_iter, num_warmup: int, num_batches: int,
+                  step_s: float = 0.0):
     """Times ``num_batches`` batches after ``num_warmup``; returns
-    ``(seconds, seeds, sampled nodes, sampled edges)``."""
+    ``(seconds, seeds, sampled nodes, sampled edges)``. ``step_s``: a
+    training step's time after every batch, spent sleeping (the core is
+    free, as while a GPU computes), which a loader with ``num_workers > 0``
+    overlaps with sampling."""
     for _ in range(num_warmup):
         next(loader_iter)
     seeds = nodes = edges = 0
@@ -44,6 +48,7 @@ def _time_batches(loader_iter, num_warmup: int, num_batches: int):
         seeds += batch.batch_size
         nodes += batch.n_id.numel()
         edges += batch.edge_index.size(1)
+        time.sleep(step_s)
     return time.perf_counter() - start, seeds, nodes, edges
 
 
@@ -63,12 +68,13 @@ def _worker(rank: int, world_size: int, port: int, root: str,
     loader = DistNeighborLoader(part, FANOUTS,
                                 input_nodes=part.node_ids[:needed],
                                 batch_size=args.batch_size, shuffle=False,
-                                seed=0)
+                                seed=0, ids='partition', pad_batches=False,
+                                num_workers=args.num_workers)
     comm.barrier()
     comm.reset_comm_stats()
     epoch = iter(loader)
-    seconds, seeds, nodes, edges = _time_batches(epoch, args.num_warmup,
-                                                 args.num_batches)
+    seconds, seeds, nodes, edges = _time_batches(
+        epoch, args.num_warmup, args.num_batches, args.step_ms / 1000)
     stats = comm.comm_stats()
     for _ in epoch:  # end the epoch collectively (no batches are left)
         pass
@@ -169,6 +175,11 @@ def main() -> None:
     parser.add_argument('--num-batches', type=int, default=10)
     parser.add_argument('--num-warmup', type=int, default=2)
     parser.add_argument('--world-sizes', type=int, nargs='+', default=[1, 2])
+    parser.add_argument('--num-workers', type=int, default=0,
+                        help='the loader\'s num_workers (> 0: sampling in '
+                        'a background thread, ahead of the loop)')
+    parser.add_argument('--step-ms', type=float, default=0.0,
+                        help='a simulated training step per batch (sleep)')
     parser.add_argument('--out', default=osp.join(
         osp.dirname(osp.abspath(__file__)), 'results'))
     args = parser.parse_args()
@@ -193,6 +204,7 @@ def main() -> None:
     result = dict(num_nodes=data.num_nodes, num_edges=data.num_edges,
                   fanouts=FANOUTS, batch_size=args.batch_size,
                   num_batches=args.num_batches, threads_per_process=1,
+                  num_workers=args.num_workers, step_ms=args.step_ms,
                   cpu_count=os.cpu_count(), torch=torch.__version__,
                   results=rows)
     baseline = rows[-1]

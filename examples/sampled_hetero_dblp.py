@@ -134,7 +134,7 @@ def main() -> None:
     with torch.no_grad():  # materialize the lazy shapes on one batch
         batch = next(iter(DistNeighborLoader(
             part, [1] * len(args.fanouts), input_nodes=(
-                LABELLED, part[LABELLED].node_ids[:1]), batch_size=1,
+                LABELLED, part[LABELLED].orig_ids[:1]), batch_size=1,
             pad_batches=True)))
         model(batch.x_dict, batch.edge_index_dict)
     pyg_sar.sync_params(model)  # identical initial weights everywhere

@@ -37,14 +37,20 @@ def test_public_constructors_show_their_real_signatures():
                                 DistLinkNeighborLoader, DistNeighborLoader)
     graph = inspect.signature(pyg_sar.DistGraph)
     assert list(graph.parameters) == ['part', 'mode', 'chunk_size', 'device']
+    from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
+
+    def positional(cls):
+        return [name for name, p in inspect.signature(cls).parameters.items()
+                if p.kind == p.POSITIONAL_OR_KEYWORD]
+    # PyG's loaders' positional order, then pyg_sar's keyword-only extras.
     for cls in (DistNeighborLoader, DistHeteroNeighborLoader):
-        names = list(inspect.signature(cls).parameters)
-        assert names[:5] == ['data', 'num_neighbors', 'input_nodes',
-                             'batch_size', 'shuffle'], names
-        assert 'subgraph_type' in names and 'disjoint' in names
-    link = list(inspect.signature(DistLinkNeighborLoader).parameters)
-    assert link[:4] == ['data', 'num_neighbors', 'edge_label_index',
-                        'edge_label'], link
+        assert positional(cls) == positional(NeighborLoader)
+        keywords = inspect.signature(cls).parameters
+        for name in ('batch_size', 'shuffle', 'num_workers', 'seed',
+                     'pad_batches', 'ids', 'node_attrs'):
+            assert keywords[name].kind == inspect.Parameter.KEYWORD_ONLY
+    assert positional(DistLinkNeighborLoader) == \
+        positional(LinkNeighborLoader)
 
 
 @pytest.fixture(scope='module')

@@ -96,6 +96,7 @@ PLUMBING = {
     'buffers': 'pyg_sar.comm.buffers',
     'agree': 'pyg_sar.comm.agreement',
     'finish_before_next_operation': 'pyg_sar.comm.sequence',
+    'in_background': 'pyg_sar.comm.sequence',
 }
 
 

@@ -14,10 +14,19 @@ next operation:
   connections);
 - a shared setting it changed
   (:func:`~pyg_sar.comm.agreement.ensure_agreed`).
+
+Both are the business of the thread that runs the rank's program. A
+loader's background thread (``num_workers > 0``), which runs the sampling
+rounds of an epoch ahead on the loaders' own channel, marks itself with
+:func:`in_background`: its operations settle neither (the main thread's
+unfinished work may be to wait for that very thread, and the agreement is
+the main thread's collective).
 """
 from __future__ import annotations
 
-from typing import Callable, List
+import contextlib
+import threading
+from typing import Callable, Iterator, List
 
 from pyg_sar.comm.agreement import ensure_agreed
 from pyg_sar.comm.process_group import is_active
@@ -26,6 +35,25 @@ from pyg_sar.comm.process_group import is_active
 # is running (its own operations must not start it again).
 _UNFINISHED: List[Callable[[], None]] = []
 _RUNNING = {'now': False}
+
+
+class _Thread(threading.local):
+    background = False
+
+
+_THREAD = _Thread()
+
+
+@contextlib.contextmanager
+def in_background() -> Iterator[None]:
+    """Marks the operations of this thread (a loader's background thread)
+    as not the rank's program: they neither run the unfinished work nor
+    agree on changed settings (see the module docs)."""
+    previous, _THREAD.background = _THREAD.background, True
+    try:
+        yield
+    finally:
+        _THREAD.background = previous
 
 
 def finish_before_next_operation(work: Callable[[], None]) -> None:
@@ -37,6 +65,8 @@ def finish_before_next_operation(work: Callable[[], None]) -> None:
 def before_operation() -> None:
     """Finishes the work left unfinished, then agrees on changed settings
     (free when there is neither)."""
+    if _THREAD.background:
+        return
     if not is_active():
         _UNFINISHED.clear()  # nobody waits for it
         return

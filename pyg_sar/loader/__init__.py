@@ -10,8 +10,13 @@ and :class:`DistLinkNeighborLoader` PyG ``LinkNeighborLoader``-style ones
 :func:`sample_neighbors` is its vectorized single-process sampling kernel.
 Loaders read a part (or PyG's local stores) and talk through the
 communication stage; they use no layer and know nothing of training.
-The four loaders and their arguments (:mod:`~pyg_sar.loader.options`) sit
-here, built from three folders: :mod:`~pyg_sar.loader.shards` (what a loader
+The four loaders take PyG's loaders' arguments, in PyG's order, and yield
+batches in the dataset's ids. They sit here with their arguments
+(:mod:`~pyg_sar.loader.options`), their inputs
+(:mod:`~pyg_sar.loader.seeds`: whole-graph masks and dataset ids;
+:mod:`~pyg_sar.loader.balance`: every rank the same number of batches)
+and their epochs (:mod:`~pyg_sar.loader.epoch`: in the training thread or
+a background one), built from three folders: :mod:`~pyg_sar.loader.shards` (what a loader
 reads of its part), :mod:`~pyg_sar.loader.sampling` (how neighborhoods are
 drawn) and :mod:`~pyg_sar.loader.batches` (what a batch is made of).
 """

@@ -18,7 +18,6 @@ from torch_geometric.data import HeteroData
 
 from pyg_sar.loader.batches.hetero_data import hetero_batch
 from pyg_sar.loader.hetero_neighbor_loader import DistHeteroNeighborLoader
-from pyg_sar.loader.label_pairs import check_label_pairs
 from pyg_sar.loader.link_loader import DistLinkNeighborLoader
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
@@ -50,9 +49,11 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
     Args:
         edge_label_index ((EdgeType, Tensor) or EdgeType): The pairs'
             edge type (a ``(src, rel, dst)`` tuple or ``'src__rel__dst'``)
-            with ``[2, num_pairs]`` global (partition) ids of the source
-            and destination types, any owners; the edge type alone (or with
-            ``None``): this rank's in-edges of that type.
+            with ``[2, num_pairs]`` dataset ids of the source and
+            destination types (every rank may pass the same; each keeps the
+            pairs whose destination it owns; ``ids='partition'``: this
+            rank's pairs of partition ids); the edge type alone (or with
+            ``None``): every edge of the type (each rank its in-edges).
 
     The other arguments (``edge_label``, ``neg_sampling``,
     ``neg_sampling_ratio``, ``batch_size``, ``shuffle``, ``drop_last``,
@@ -79,7 +80,8 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
         super()._setup(data, num_neighbors, **options)
 
     def _resolve_hetero_input(self, input_nodes: Any
-                              ) -> Tuple[Tuple[str, str, str], Tensor]:
+                              ) -> Tuple[Tuple[str, str, str], Tensor,
+                                         Tensor]:
         shard = self.shard
         index = self._label_index_arg
         edge_type, pairs = index, None
@@ -87,18 +89,15 @@ class DistHeteroLinkNeighborLoader(DistHeteroNeighborLoader,
             edge_type, pairs = index
         edge_type = self._edge_type(edge_type)
         src_t, _, dst_t = edge_type
-        if pairs is None:
-            nodes = shard.nodes[dst_t]
-            pairs = shard.edges[edge_type].local_pairs(
-                nodes.node_start, nodes.num_local_nodes)
-        label = self._label_arg
-        pairs = check_label_pairs(
-            pairs, [(shard.nodes[t].num_nodes,
-                     f'the global ids of node type {t!r}')
-                    for t in (src_t, dst_t)], label,
-            of=f' of edge type {edge_type}')
-        self.edge_label_index, self.edge_label = pairs, label
-        return edge_type, torch.arange(pairs.size(1))
+        src, dst, label, positions = self._own_pairs(
+            pairs, self._label_arg, shard.nodes[src_t], shard.nodes[dst_t],
+            shard.edges[edge_type], of=f' of edge type {edge_type}')
+        self.edge_label_index = torch.stack([src, dst])
+        self.edge_label = label
+        return edge_type, torch.arange(src.numel()), positions
+
+    def _endpoint_nodes(self, end: str):
+        return self.shard.nodes[self.input_type[0 if end == 'src' else 2]]
 
     def _edge_type(self, key: Any) -> Tuple[str, str, str]:
         types = self.shard.edge_types

@@ -18,24 +18,28 @@ rounds are built from the same pieces as the homogeneous loader's
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from pyg_sar.loader.batches.hetero_data import hetero_batch
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
+from pyg_sar.loader.batches.attributes import fetch_plan
 from pyg_sar.loader.options import (NODE_ORDER, PYG_NODE_ORDER,
-                                    agree_with_peers, constructor_signature,
-                                    count_batches_and_seed, local_seeds,
+                                    agree_with_peers, check_world,
+                                    constructor_signature,
+                                    count_batches_and_seed,
                                     store_batch_options,
                                     store_sampling_options,
                                     typed_num_neighbors)
+from pyg_sar.loader.seeds import ids_mode, input_seeds
 from pyg_sar.loader.sampling.disjoint import grow_subtrees
 from pyg_sar.loader.sampling.exchange import answer, exchange_hop
 from pyg_sar.loader.sampling.neighborhood import BatchIds, grow
-from pyg_sar.loader.sampling.temporal import seed_times, typed_edge_times
-from pyg_sar.loader.shards.base import edge_weight
+from pyg_sar.loader.sampling.temporal import (pick_times, seed_times,
+                                              typed_edge_times)
+from pyg_sar.loader.shards.base import edge_weight, schema
 from pyg_sar.loader.shards.hetero_shard import (EdgeType, HeteroShard,
                                                 to_hetero_shard)
 
@@ -52,14 +56,15 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
 
     - per node type: every node attribute of the type (``x``, ``y``,
       masks, ...) with rows in ``n_id`` order (``num_nodes`` for a type
-      without attributes); ``n_id``: the nodes' global ids in the
-      *partition's* per-type numbering (as the homogeneous loader's
-      ``n_id``; ``part[t].orig_ids`` / ``perm/<type>.pt`` map them to input
-      ids); ``num_sampled_nodes``: new nodes per hop, hop 0 being the seeds
+      without attributes); ``n_id``: the nodes' *dataset* ids of that type
+      (``x_dict[t][batch[t].n_id]`` is ``batch[t].x``; the partition's
+      per-type ids with ``ids='partition'`` or PyG's stores);
+      ``num_sampled_nodes``: new nodes per hop, hop 0 being the seeds
       (``batch_size`` for the input type, ``0`` for the others);
     - per edge type: ``edge_index`` in batch-local ids of the source and
       destination types, messages flowing from ``edge_index[0]`` to
-      ``edge_index[1]``; ``e_id``: the partition's per-type edge ids;
+      ``edge_index[1]``; ``e_id``: the dataset's per-type edge ids (the
+      partition's with ``ids='partition'``);
       every edge attribute, rows in ``e_id`` order; ``num_sampled_edges``
       per hop;
     - on the input type: ``batch_size`` seeds, which come first in its
@@ -74,12 +79,18 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             edge type needs one, all with the same number of hops; PyG's
             ``NumNeighbors`` also works). ``-1`` takes all in-edges.
         input_nodes (str or (str, Tensor)): The seeds' node type, alone
-            (every local node of it) or with a boolean mask over the type's
-            local nodes (e.g. ``part['paper'].train_mask``) or the type's
-            global ids owned by this rank, each at most once.
-        batch_size, shuffle, drop_last, replace: As for the homogeneous loader.
-        seed, transform, pad_batches, device: As for the homogeneous loader.
-
+            (every node of it) or with a boolean mask over the whole
+            graph's nodes of the type (e.g. ``data['paper'].train_mask``)
+            or the type's dataset ids, as PyG takes them (every rank keeps
+            those it owns); a mask over the part's nodes of the type (e.g.
+            ``part['paper'].train_mask``) works too. ``input_id`` is the
+            seeds' positions in it, as in PyG.
+        others: Every other argument (PyG's order and keywords,
+            balancing, ``num_workers``, ``transform_sampler_output`` (given
+            a :class:`~torch_geometric.sampler.HeteroSamplerOutput` in
+            partition ids), ``ids``, ``node_attrs``, ...) is as for the
+            homogeneous :class:`~pyg_sar.loader.DistNeighborLoader`; in
+            particular the following.
         subgraph_type (str): ``"directional"``, ``"bidirectional"``
             (PyG's ``HeteroSamplerOutput.to_bidirectional`` of the sample:
             an edge type merged with its reverse type loses ``e_id`` and
@@ -105,48 +116,65 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
     """
 
     def _setup(self, data: Any, num_neighbors: Any,
-               input_nodes: Any = None, batch_size: int = 1,
-               shuffle: bool = False, drop_last: bool = False,
-               replace: bool = False, seed: Optional[int] = None,
-               transform: Optional[Callable] = None,
-               pad_batches: bool = False,
-               subgraph_type: str = 'directional',
-               device: Optional[torch.device] = None,
+               input_nodes: Any = None, input_time: Optional[Tensor] = None,
+               replace: bool = False, subgraph_type: str = 'directional',
+               disjoint: bool = False, temporal_strategy: str = 'uniform',
+               time_attr: Optional[str] = None,
                weight_attr: Optional[str] = None,
-               disjoint: bool = False, time_attr: Optional[str] = None,
-               input_time: Optional[Tensor] = None,
-               temporal_strategy: str = 'uniform') -> None:
+               transform: Optional[Callable] = None,
+               transform_sampler_output: Optional[Callable] = None, *,
+               batch_size: int = 1, shuffle: bool = False,
+               drop_last: bool = False, num_workers: int = 0,
+               prefetch_factor: Optional[int] = None,
+               generator: Optional[torch.Generator] = None,
+               worker_init_fn: Optional[Callable[[int], None]] = None,
+               seed: Optional[int] = None,
+               pad_batches: Optional[bool] = None,
+               device: Optional[torch.device] = None,
+               ids: Optional[str] = None,
+               node_attrs: Optional[List[str]] = None) -> None:
+        self.data = data
         self.shard: HeteroShard = to_hetero_shard(data)
         self.num_neighbors = typed_num_neighbors(num_neighbors,
                                                  self.shard.edge_types)
         self.num_hops = len(next(iter(self.num_neighbors.values()), []))
         store_batch_options(self, batch_size, shuffle, drop_last, replace,
-                            transform, pad_batches, device)
+                            transform, pad_batches, device,
+                            transform_sampler_output, num_workers,
+                            prefetch_factor, worker_init_fn)
         store_sampling_options(self, subgraph_type, disjoint, time_attr,
                                input_time, temporal_strategy)
         self.weight_attr = weight_attr
         self.edge_weight = self._edge_weights(weight_attr)
         self.rank = self.shard.rank
         self.world_size = self.shard.num_parts
-        self.input_type, self.input_nodes = self._resolve_hetero_input(
-            input_nodes)
-        count_batches_and_seed(self, seed)
-        self.num_global_batches = self._agree_with_peers()
+        orig = [n.orig_ids for n in self.shard.nodes.values()]
+        self.ids = ids_mode(ids, None if any(o is None for o in orig)
+                            else orig[0] if orig else None)
+        fetch_plan(self, node_attrs)
+        self.input_type, self.input_nodes, self.input_positions = \
+            self._resolve_hetero_input(input_nodes)
+        check_world(self.shard)
+        counts = self._agree_with_peers()
         self.edge_time = self.seed_time = None
         if time_attr is not None:  # collective (node times of sources)
             self.edge_time, node_time = typed_edge_times(self.shard,
                                                          time_attr)
             self.seed_time = seed_times(
                 self.input_nodes, self.shard.nodes[self.input_type].node_start,
-                input_time, node_time.get(self.input_type),
+                pick_times(input_time, self.input_positions),
+                node_time.get(self.input_type),
                 f"time_attr {time_attr!r} is not a node attribute of the "
                 f"input type {self.input_type!r}: pass input_time, the "
                 f"seeds' times")
+        self._balance(counts)
+        count_batches_and_seed(self, seed, generator, counts)
         # Per node type: global id -> batch-local id of the batch being
         # built.
         self.batch_ids = {t: BatchIds(n.num_nodes)
                           for t, n in self.shard.nodes.items()}
         self._epoch_running = False
+        self._pending = None
 
     def _edge_weights(self, weight_attr: Optional[str]
                       ) -> Dict[EdgeType, Optional[Tensor]]:
@@ -171,7 +199,8 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             weights[e] = edge_weight(shard.edges[e], weight_attr)
         return weights
 
-    def _resolve_hetero_input(self, input_nodes: Any) -> Tuple[str, Tensor]:
+    def _resolve_hetero_input(self, input_nodes: Any
+                              ) -> Tuple[str, Tensor, Tensor]:
         types = self.shard.node_types
         if isinstance(input_nodes, str):
             input_nodes = (input_nodes, None)
@@ -186,32 +215,34 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             raise ValueError(f"'input_nodes' names node type {node_type!r}, "
                              f"which the graph lacks (node types: {types})")
         shard = self.shard.nodes[node_type]
-        start, count = shard.node_start, shard.num_local_nodes
-        if nodes is None:
-            return node_type, torch.arange(start, start + count)
-        if isinstance(nodes, (list, tuple)):
-            nodes = torch.as_tensor(nodes, dtype=torch.long)
-        if not isinstance(nodes, Tensor) or nodes.dim() != 1:
+        if nodes is not None and not isinstance(nodes, (Tensor, list,
+                                                         tuple)):
             raise TypeError(f"'input_nodes' of type {node_type!r} must be a "
-                            f"one-dimensional boolean mask over the local "
-                            f"{node_type!r} nodes or tensor of their global "
-                            f"ids (got {type(nodes).__name__})")
-        return node_type, local_seeds(nodes, start, count, self.rank,
-                                      repr(node_type),
-                                      f'part[{node_type!r}].train_mask')
+                            f"boolean mask or a tensor of node ids (got "
+                            f"{type(nodes).__name__})")
+        seeds, positions = input_seeds(
+            nodes, shard.node_start, shard.num_local_nodes, shard.num_nodes,
+            shard.orig_ids, self.ids, self.rank, repr(node_type),
+            f'part[{node_type!r}].train_mask',
+            list(shard.node_attrs.values()))
+        return node_type, seeds, positions
 
-    def _agree_with_peers(self) -> int:
+    def _agree_with_peers(self) -> List[int]:
         shard = self.shard
         options = dict(
             partition=shard.fingerprint, attributes=shard.schema(),
             num_neighbors=tuple((e, tuple(f))
                                 for e, f in self.num_neighbors.items()),
-            replace=self.replace, pad_batches=self.pad_batches,
+            replace=self.replace, pad_batches=self.pad_mode,
+            batch_size=self.batch_size, drop_last=self.drop_last,
+            ids=self.ids, fetched=tuple(
+                (t, tuple(schema(v))) for t, v in self.node_sources.items()),
             input_type=self.input_type, subgraph_type=self.subgraph_type,
             disjoint=self.disjoint, weight_attr=self.weight_attr,
             time_attr=self.time_attr,
             temporal_strategy=self.temporal_strategy, **self._extra_config())
-        return agree_with_peers(shard, options, self.num_batches,
+        return agree_with_peers(shard, options,
+                                int(self.input_nodes.numel()),
                                 type(self).__name__)
 
     # One collective round ###################################################

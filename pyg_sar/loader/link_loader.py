@@ -18,10 +18,13 @@ from torch_geometric.data import Data
 from pyg_sar.loader.label_pairs import check_label_pairs
 from pyg_sar.loader.neighbor_loader import DistNeighborLoader
 from pyg_sar.loader.options import (LINK_ORDER, PYG_LINK_ORDER,
-                                    constructor_signature, resolve)
+                                    check_world, constructor_signature,
+                                    resolve)
 from pyg_sar.loader.sampling.negatives import (draw_negatives, earliest_node,
                                                negative_sampling,
                                                temporal_negatives)
+from pyg_sar.loader.seeds import (owned_dataset_ids, to_partition_ids,
+                                  to_partition_order)
 
 
 class DistLinkNeighborLoader(DistNeighborLoader):
@@ -30,16 +33,23 @@ class DistLinkNeighborLoader(DistNeighborLoader):
     ``torch_geometric.distributed.DistLinkNeighborLoader``) on a partition
     made by :func:`pyg_sar.partition_graph`.
 
-    Every rank passes its own labelled pairs and iterates its own batches, as
-    with :class:`DistNeighborLoader` (same collective rules: iterate every
-    epoch to the end; ``pad_batches=True`` for training with gradient
-    all-reduce). A batch is laid out as ``LinkNeighborLoader``'s:
+    Every rank may pass the same labelled pairs (PyG's
+    ``edge_label_index``, in dataset ids): each keeps the pairs whose
+    destination it owns, then the ranks balance them (same rules as
+    :class:`DistNeighborLoader`: every rank yields the same number of
+    batches by default; ``pad_batches=True``/``False`` opt out). With
+    ``ids='partition'`` each rank passes its own pairs in partition ids
+    (any owners), as before. A batch is laid out as
+    ``LinkNeighborLoader``'s:
 
     - ``n_id``: the pairs' distinct endpoints (positives and negatives,
       sorted by id) first, then the nodes new in each hop; ``e_id``,
       ``edge_index``, ``num_sampled_nodes``, ``num_sampled_edges`` and every
       node and edge attribute as in :class:`DistNeighborLoader`;
-    - ``input_id``: the pairs' positions in :obj:`edge_label_index`;
+    - ``n_id`` and ``e_id`` in dataset ids (``ids='partition'``: the
+      partition's), as :class:`DistNeighborLoader`'s;
+    - ``input_id``: the pairs' positions in :obj:`edge_label_index` (for
+      ``None``: the dataset's edge ids of this rank's in-edges);
     - binary negative sampling (or none): ``edge_label_index`` (batch-local
       ids, positives then negatives) and ``edge_label`` (the given labels,
       or ones, then zeros for the negatives);
@@ -55,8 +65,9 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             ``(LocalFeatureStore, LocalGraphStore)`` loaded from it.
         num_neighbors (List[int]): Fanout per hop (``-1``: all).
         edge_label_index (Tensor, optional): ``[2, num_pairs]`` pairs of
-            global (partition) node ids, any owners. ``None``: this rank's
-            in-edges.
+            dataset node ids (the whole graph's; with ``ids='partition'``
+            this rank's pairs of partition ids). ``None``: every edge
+            (each rank its in-edges).
         edge_label (Tensor, optional): One label per pair (binary or no
             negative sampling only).
         edge_label_time (Tensor, optional): One time per pair, for
@@ -76,9 +87,15 @@ class DistLinkNeighborLoader(DistNeighborLoader):
         neg_sampling_ratio (float, optional): PyG's deprecated shortcut for
             binary sampling with this amount.
         batch_size, shuffle, drop_last, replace, seed, transform: as for
-            :class:`DistNeighborLoader`.
-        pad_batches: as for :class:`DistNeighborLoader`.
-        **kwargs: as for :class:`DistNeighborLoader`.
+            :class:`DistNeighborLoader`, and so are every other argument of
+            PyG's ``LinkNeighborLoader`` (its positional order:
+            ``edge_label_index, edge_label, edge_label_time, replace,
+            subgraph_type, disjoint, temporal_strategy, neg_sampling,
+            neg_sampling_ratio, time_attr, weight_attr, transform,
+            transform_sampler_output, is_sorted, filter_per_worker,
+            neighbor_sampler, directed``) and pyg_sar's keywords
+            (``pad_batches``, ``num_workers``, ``ids``, ``node_attrs``,
+            ...). ``NegativeSampling`` weights are over the dataset's ids.
     """
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], *args: Any,
@@ -98,25 +115,93 @@ class DistLinkNeighborLoader(DistNeighborLoader):
 
     # Set-up #################################################################
 
-    def _resolve_input_nodes(self, input_nodes: Optional[Tensor]) -> Tensor:
+    def _resolve_input_nodes(self, input_nodes: Optional[Tensor]
+                             ) -> Tuple[Tensor, Tensor]:
         """The inputs are the labelled pairs: their positions are what the
         base loader batches and shuffles."""
         shard = self.shard
         index = self._label_index_arg
+        if isinstance(index, (tuple, list)) and len(index) == 2 and \
+                isinstance(index[1], Tensor) and \
+                not isinstance(index[0], Tensor):
+            raise ValueError("'edge_label_index' with an edge type needs "
+                             "a heterogeneous part (this one is "
+                             "homogeneous)")
+        src, dst, label, positions = self._own_pairs(
+            index, self._label_arg, shard, shard, shard)
+        self.edge_label_index = torch.stack([src, dst])
+        self.edge_label = label
+        return torch.arange(src.numel()), positions
+
+    def _own_pairs(self, index: Any, label: Optional[Tensor], src_nodes,
+                   dst_nodes, edges, of: str = ''):
+        """``(src, dst, label, positions)`` of this rank's labelled pairs,
+        in partition ids. ``index`` ``None``: the in-edges of this rank's
+        nodes (``edges``), positions their dataset edge ids (with
+        ``ids='dataset'`` where the partition records them, as PyG's
+        ``arange(num_edges)``), else their local positions. Dataset ids
+        (``ids='dataset'``): the whole graph's pairs (every rank may pass
+        the same), each rank keeping those whose destination it owns,
+        positions their columns in ``index``; partition ids: this rank's
+        own pairs, any owners (the old behaviour)."""
         if index is None:
-            index = shard.local_pairs(shard.node_start,
-                                      shard.num_local_nodes)
-        elif isinstance(index, (tuple, list)):
-            if len(index) == 2 and isinstance(index[1], Tensor) and \
-                    not isinstance(index[0], Tensor):
-                raise ValueError("'edge_label_index' with an edge type needs "
-                                 "a heterogeneous part (this one is "
-                                 "homogeneous)")
-        label = self._label_arg
-        limits = [(shard.num_nodes, "the graph's global ids")] * 2
-        index = check_label_pairs(index, limits, label)
-        self.edge_label_index, self.edge_label = index, label
-        return torch.arange(index.size(1))
+            pairs = edges.local_pairs(dst_nodes.node_start,
+                                      dst_nodes.num_local_nodes)
+            ids = edges.orig_eids if self.ids == 'dataset' and \
+                edges.orig_eids is not None else torch.arange(pairs.size(1))
+            if label is not None and label.size(0) != pairs.size(1):
+                raise ValueError(f"'edge_label' has {label.size(0)} entries "
+                                 f"for {pairs.size(1)} pairs")
+            return pairs[0], pairs[1], label, ids.clone()
+        what = ("the dataset's ids" if self.ids == 'dataset' else
+                "the partition's ids")
+        limits = [(nodes.num_nodes, what) for nodes in (src_nodes,
+                                                         dst_nodes)]
+        pairs = check_label_pairs(index, limits, label, of=of)
+        if self.ids == 'partition':
+            return pairs[0], pairs[1], label, torch.arange(pairs.size(1))
+        check_world(self.shard)  # before the collective translation
+        hit, dst = owned_dataset_ids(pairs[1], dst_nodes.orig_ids,
+                                     dst_nodes.node_start)
+        positions = hit.nonzero().view(-1)
+        src = to_partition_ids(pairs[0, positions], src_nodes.orig_ids,
+                               src_nodes.node_start)
+        return src, dst, None if label is None else label[positions], \
+            positions
+
+    def _input_columns(self) -> Dict[str, Tensor]:
+        columns = dict(src=self.edge_label_index[0],
+                       dst=self.edge_label_index[1],
+                       positions=self.input_positions)
+        if self.edge_label is not None:
+            columns['label'] = self.edge_label
+        if self.seed_time is not None:
+            columns['time'] = self.seed_time
+        return columns
+
+    def _set_input_columns(self, columns: Dict[str, Tensor]) -> None:
+        self.edge_label_index = torch.stack([columns['src'],
+                                             columns['dst']])
+        self.input_positions = columns['positions']
+        self.input_nodes = torch.arange(self.input_positions.numel())
+        if self.edge_label is not None:
+            self.edge_label = columns['label']
+        if self.seed_time is not None:
+            self.seed_time = columns['time']
+
+    def _balance(self, counts) -> None:
+        super()._balance(counts)
+        neg = self.neg_sampling
+        if self.ids == 'dataset' and neg is not None:
+            for end in ('src', 'dst'):  # weights over the dataset's ids
+                weight = getattr(neg, f'{end}_weight')
+                if weight is not None:
+                    nodes = self._endpoint_nodes(end)
+                    setattr(neg, f'{end}_weight', to_partition_order(
+                        torch.as_tensor(weight), nodes.orig_ids))
+
+    def _endpoint_nodes(self, end: str):
+        return self.shard
 
     def _seed_times(self, input_time, node_time) -> Optional[Tensor]:
         """Temporal link sampling: the time of every pair."""
@@ -125,11 +210,14 @@ class DistLinkNeighborLoader(DistNeighborLoader):
             raise ValueError("temporal link sampling (time_attr) needs "
                              "edge_label_time, one time per pair")
         times = torch.as_tensor(times)
-        if times.dim() != 1 or times.numel() != self.edge_label_index.size(1):
+        given = self._label_index_arg is not None
+        expected = _num_pairs(self._label_index_arg) if given else \
+            self.edge_label_index.size(1)
+        if times.dim() != 1 or times.numel() != expected:
             raise ValueError(f"edge_label_time must hold one time per pair "
-                             f"({self.edge_label_index.size(1)}), got shape "
+                             f"({expected}), got shape "
                              f"{list(times.shape)}")
-        return times
+        return times[self.input_positions] if given else times
 
     def _extra_config(self) -> Dict[str, Any]:
         neg = self.neg_sampling
@@ -265,6 +353,16 @@ class DistLinkNeighborLoader(DistNeighborLoader):
                 f'neg_sampling={self.neg_sampling}, '
                 f'batch_size={self.batch_size}, '
                 f'num_batches={self.num_batches})')
+
+def _num_pairs(index: Any) -> int:
+    if isinstance(index, (tuple, list)) and len(index) == 2 and \
+            not isinstance(index[0], Tensor) and not isinstance(
+                index[0], (int, list)):
+        index = index[1]  # (edge type, pairs)
+    if isinstance(index, (tuple, list)):
+        return len(index[0])
+    return int(index.size(1))
+
 
 DistLinkNeighborLoader.__signature__ = constructor_signature(
     DistLinkNeighborLoader, LINK_ORDER, PYG_LINK_ORDER)

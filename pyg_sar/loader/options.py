@@ -15,16 +15,21 @@ heterogeneous loaders alike.
 from __future__ import annotations
 
 import inspect
-import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pyg_sar.loader.sampling.temporal import STRATEGIES
 
-NODE_ORDER = ('input_nodes', 'batch_size', 'shuffle', 'drop_last', 'replace',
-              'seed', 'transform', 'pad_batches')
+# PyG's NeighborLoader / LinkNeighborLoader positional order (2.8).
+NODE_ORDER = ('input_nodes', 'input_time', 'replace', 'subgraph_type',
+              'disjoint', 'temporal_strategy', 'time_attr', 'weight_attr',
+              'transform', 'transform_sampler_output', 'is_sorted',
+              'filter_per_worker', 'neighbor_sampler', 'directed')
 LINK_ORDER = ('edge_label_index', 'edge_label', 'edge_label_time',
-              'neg_sampling', 'neg_sampling_ratio', 'batch_size', 'shuffle',
-              'drop_last', 'replace', 'seed', 'transform', 'pad_batches')
+              'replace', 'subgraph_type', 'disjoint', 'temporal_strategy',
+              'neg_sampling', 'neg_sampling_ratio', 'time_attr',
+              'weight_attr', 'transform', 'transform_sampler_output',
+              'is_sorted', 'filter_per_worker', 'neighbor_sampler',
+              'directed')
 PYG_NODE_ORDER = ('master_addr', 'master_port', 'current_ctx', 'input_nodes',
                   'input_time', 'dist_sampler', 'replace', 'subgraph_type',
                   'disjoint', 'temporal_strategy', 'time_attr', 'transform',
@@ -36,21 +41,32 @@ PYG_LINK_ORDER = ('master_addr', 'master_port', 'current_ctx',
                   'temporal_strategy', 'neg_sampling', 'neg_sampling_ratio',
                   'time_attr', 'transform', 'concurrency', 'num_rpc_threads',
                   'filter_per_worker', 'async_sampling', 'device')
+# Keyword-only: torch's DataLoader settings PyG's loaders pass on, then
+# pyg_sar's own (seed, pad_batches, device, ids, node_attrs).
+KEYWORDS = ('batch_size', 'shuffle', 'drop_last', 'num_workers',
+            'prefetch_factor', 'generator', 'worker_init_fn', 'seed',
+            'pad_batches', 'device', 'ids', 'node_attrs')
 
 DEFAULTS: Dict[str, Any] = dict(
     input_nodes=None, batch_size=1, shuffle=False, drop_last=False,
-    replace=False, seed=None, transform=None, pad_batches=False,
+    replace=False, seed=None, transform=None, pad_batches=None,
     edge_label_index=None, edge_label=None, edge_label_time=None,
     neg_sampling=None, neg_sampling_ratio=None, subgraph_type='directional',
     device=None, weight_attr=None, disjoint=False, time_attr=None,
-    input_time=None, temporal_strategy='uniform')
+    input_time=None, temporal_strategy='uniform',
+    transform_sampler_output=None, num_workers=0, prefetch_factor=None,
+    generator=None, worker_init_fn=None, ids=None, node_attrs=None,
+    is_sorted=False, filter_per_worker=None, neighbor_sampler=None,
+    directed=True)
 
 # PyG's RPC settings: checked, then without effect (no RPC here).
 _RPC = ('master_addr', 'master_port', 'current_ctx', 'concurrency',
         'num_rpc_threads', 'async_sampling', 'rpc_worker_names')
-# DataLoader settings without effect on the batches.
-_NO_EFFECT = ('pin_memory', 'persistent_workers', 'prefetch_factor',
-              'filter_per_worker', 'timeout', 'is_sorted')
+# Settings without effect on the batches (collate_fn: PyG's NodeLoader and
+# LinkLoader drop a user's collate_fn too).
+_NO_EFFECT = ('pin_memory', 'persistent_workers', 'filter_per_worker',
+              'timeout', 'is_sorted', 'collate_fn', 'multiprocessing_context',
+              'pin_memory_device', 'in_order')
 _SUBGRAPH_TYPES = ('directional', 'bidirectional', 'induced')
 EdgeType = Tuple[str, str, str]
 
@@ -73,16 +89,27 @@ def resolve(name: str, args: Sequence[Any], kwargs: Dict[str, Any],
                             f"'{key}'")
         options[key] = value
     _check_rpc(name, options)
+    for key in ('input_time', 'edge_label_time', 'replace'):
+        value = options.get(key)
+        if key == 'replace' and value is not None and not isinstance(
+                value, (bool, int)) or key != 'replace' and isinstance(
+                    value, (bool, int, float)):
+            raise TypeError(
+                f"{name}: {value!r} was passed as {key!r}, which it cannot "
+                f"be (PyG's positional order applies: "
+                f"{', '.join(order[:4])}, ...; batch_size, shuffle and "
+                f"pyg_sar's options are keyword-only)")
     _check_unsupported(name, options)
-    extra = ('subgraph_type', 'device', 'weight_attr', 'disjoint',
-             'time_attr', 'temporal_strategy') + (
-        ('input_time', ) if 'Link' not in name else ())
-    known = set(order) | set(extra)
+    link = 'Link' in name
+    known = [k for k in order + KEYWORDS if k not in (
+        'is_sorted', 'filter_per_worker', 'neighbor_sampler', 'directed')]
+    if not link:
+        known += [k for k in ('input_time', ) if k not in known]
     for key in options:
         if key not in known:
             raise TypeError(f"{name} got an unexpected keyword argument "
                             f"'{key}'")
-    return {**{k: DEFAULTS[k] for k in order + extra}, **options}
+    return {**{k: DEFAULTS[k] for k in known}, **options}
 
 
 def _check_rpc(name: str, options: Dict[str, Any]) -> None:
@@ -136,14 +163,24 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
                          f"time_attr")
     if link:
         options.pop('input_time', None)
-    if not options.pop('directed', True):
-        raise ValueError(f"{name}: directed=False is not supported; use "
-                         f"subgraph_type='bidirectional'")
-    workers = options.pop('num_workers', 0)
-    if workers != 0:
-        raise ValueError(f"{name} supports only num_workers=0 (got "
-                         f"{workers!r}); sampling is a collective and runs "
-                         f"in the training process")
+    if not options.pop('directed', True):  # PyG's deprecated spelling
+        import warnings
+        warnings.warn(f"The usage of the 'directed' argument in '{name}' is "
+                      f"deprecated. Use `subgraph_type='induced'` instead.",
+                      stacklevel=4)
+        options['subgraph_type'] = 'induced'
+    if options.pop('neighbor_sampler', None) is not None:
+        raise ValueError(f"{name}: neighbor_sampler is not supported (pyg_sar "
+                         f"samples with its own collective sampler)")
+    for key in ('sampler', 'batch_sampler'):
+        if options.pop(key, None) is not None:
+            raise ValueError(f"{name}: a custom {key} is not supported (PyG's "
+                             f"loaders batch their input ids themselves; "
+                             f"pyg_sar's ranks agree on the batches)")
+    if options.get('dataset') is not None:
+        raise ValueError(f"{name}: 'dataset' is not an argument (the inputs "
+                         f"are input_nodes / edge_label_index)")
+    options.pop('dataset', None)
     subgraph = options.get('subgraph_type', 'directional')
     subgraph = getattr(subgraph, 'value', subgraph)
     if subgraph not in _SUBGRAPH_TYPES:
@@ -158,24 +195,53 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
 
 def store_batch_options(loader: Any, batch_size: Any, shuffle: Any,
                         drop_last: Any, replace: Any, transform: Any,
-                        pad_batches: Any, device: Any) -> None:
-    """Checks the batching options and sets them on ``loader``."""
+                        pad_batches: Any, device: Any,
+                        transform_sampler_output: Any = None,
+                        num_workers: Any = 0, prefetch_factor: Any = None,
+                        worker_init_fn: Any = None) -> None:
+    """Checks the batching options and sets them on ``loader``:
+    ``pad_batches`` ``None`` (balanced inputs, :mod:`pyg_sar.loader.balance`)
+    sets ``balanced``; ``pad_mode`` keeps the value given."""
     import torch
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
             or batch_size < 1:
         raise ValueError(f"'batch_size' must be a positive int (got "
                          f"{batch_size!r})")
-    if transform is not None and not callable(transform):
-        raise TypeError(f"'transform' must be callable (got "
-                        f"{type(transform).__name__})")
+    for name, value in (('transform', transform),
+                        ('transform_sampler_output', transform_sampler_output),
+                        ('worker_init_fn', worker_init_fn)):
+        if value is not None and not callable(value):
+            raise TypeError(f"'{name}' must be callable (got "
+                            f"{type(value).__name__})")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) \
+            or num_workers < 0:
+        raise ValueError(f"'num_workers' must be an int >= 0 (got "
+                         f"{num_workers!r})")
+    if prefetch_factor is not None and (
+            isinstance(prefetch_factor, bool) or
+            not isinstance(prefetch_factor, int) or prefetch_factor < 1):
+        raise ValueError(f"'prefetch_factor' must be a positive int (got "
+                         f"{prefetch_factor!r})")
+    if prefetch_factor is not None and num_workers == 0:
+        raise ValueError("prefetch_factor option could only be specified in "
+                         "multiprocessing (num_workers > 0), as torch's "
+                         "DataLoader says")
+    if pad_batches not in (None, True, False):
+        raise ValueError(f"'pad_batches' must be None (balanced inputs), "
+                         f"True or False (got {pad_batches!r})")
     loader.batch_size = batch_size
     loader.shuffle = bool(shuffle)
     loader.drop_last = bool(drop_last)
     loader.replace = bool(replace)
     loader.transform = transform
-    loader.pad_batches = bool(pad_batches)
+    loader.transform_sampler_output = transform_sampler_output
+    loader.pad_mode = pad_batches
+    loader.balanced = pad_batches is None
+    loader.pad_batches = pad_batches is not False
     loader.device = None if device is None else torch.device(device)
-    loader.num_workers = 0  # read by PyG-style training loops
+    loader.num_workers = num_workers
+    loader.prefetch_factor = prefetch_factor
+    loader.worker_init_fn = worker_init_fn
 
 
 def store_sampling_options(loader: Any, subgraph_type: str, disjoint: bool,
@@ -264,15 +330,31 @@ def typed_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
     return {e: out[e] for e in edge_types}
 
 
-def count_batches_and_seed(loader: Any, seed: Optional[int]) -> None:
-    """Sets ``loader.num_batches`` (from its ``input_nodes``), ``seed`` and
-    ``generator``: one stream per rank, which shuffles this rank's seeds and
-    samples the requests this rank answers, so (seed, world size) fixes
-    everything. ``None`` draws a seed from torch's global generator."""
+def count_batches_and_seed(loader: Any, seed: Optional[int],
+                           generator: Any, counts: List[int]) -> None:
+    """Sets ``loader.num_batches`` (this rank's batches),
+    ``num_global_batches`` (the most of any rank) from every rank's number
+    of inputs ``counts`` (:func:`~pyg_sar.loader.seeds.num_epoch_batches`),
+    ``seed`` and ``generator``: one stream per rank, which shuffles this
+    rank's seeds and samples the requests this rank answers, so (seed,
+    world size) fixes everything. A ``generator`` (PyG's DataLoader
+    argument) draws the seed; ``None`` for both draws it from torch's
+    global generator."""
     import torch
-    num_seeds = loader.input_nodes.numel()
-    loader.num_batches = (num_seeds // loader.batch_size if loader.drop_last
-                          else math.ceil(num_seeds / loader.batch_size))
+    from pyg_sar.loader.seeds import num_epoch_batches
+    batches = num_epoch_batches(counts, loader.batch_size, loader.drop_last,
+                                loader.balanced)
+    loader.batch_counts = batches
+    loader.num_batches = batches[loader.rank]
+    loader.num_global_batches = max(batches)
+    if generator is not None:
+        if seed is not None:
+            raise ValueError("pass either 'seed' or 'generator', not both")
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"'generator' must be a torch.Generator (got "
+                            f"{type(generator).__name__})")
+        seed = int(torch.randint(2**62, (), dtype=torch.long,
+                                 generator=generator))
     if seed is None:
         seed = int(torch.randint(2**62, (), dtype=torch.long))
     loader.seed = int(seed)
@@ -280,52 +362,9 @@ def count_batches_and_seed(loader: Any, seed: Optional[int]) -> None:
         (loader.seed * 1_000_003 + loader.rank) % (2**63 - 1))
 
 
-def local_seeds(nodes: Any, start: int, count: int, rank: int, kind: str,
-                mask_hint: str, owner: Optional[Callable[[int], str]] = None
-                ) -> Any:
-    """The global ids of the seeds given as ``nodes`` (a boolean mask over
-    this rank's ``count`` nodes from ``start``, or integer global ids it
-    owns, each at most once). ``kind`` names the ids in messages
-    (``'global'``, or a node type's repr), ``mask_hint`` is an example
-    mask, ``owner`` names the owner of a foreign id."""
-    import torch
-    if nodes.dtype == torch.bool:
-        label = 'nodes' if kind == 'global' else f'{kind} nodes'
-        if nodes.numel() != count:
-            raise ValueError(
-                f"'input_nodes' mask has length {nodes.numel()} but rank "
-                f"{rank} owns {count} {label}; pass a mask over the local "
-                f"nodes (e.g. {mask_hint})")
-        return nodes.nonzero().view(-1) + start
-    if nodes.is_floating_point() or nodes.is_complex():
-        raise TypeError(f"'input_nodes' must be a boolean mask or an "
-                        f"integer tensor of global ids (got {nodes.dtype})")
-    ids = nodes.to(torch.long)
-    not_owned = (ids < start) | (ids >= start + count)
-    if bool(not_owned.any()):
-        bad = int(ids[not_owned][0])
-        owned_by = '' if owner is None else f', owned by {owner(bad)}'
-        raise ValueError(
-            f"'input_nodes' holds {int(not_owned.sum())} {kind} ids not "
-            f"owned by rank {rank} (which owns {start}.."
-            f"{start + count - 1}), e.g. {bad}{owned_by}; pass every rank "
-            f"only its own nodes")
-    if torch.unique(ids).numel() != ids.numel():
-        raise ValueError("'input_nodes' holds duplicate ids; every seed "
-                         "must appear at most once per epoch")
-    return ids
-
-
-def agree_with_peers(shard: Any, options: Dict[str, Any], num_batches: int,
-                     what: str = 'DistNeighborLoader') -> int:
-    """Checks (collectively) that this rank holds part ``rank`` of as many
-    parts as there are ranks and that every rank built its loader (``what``)
-    with the same ``options`` (``{name: value}``: the partition and every
-    option that decides which messages a round exchanges) and the same
-    shared communication settings; a difference is a
-    :class:`~pyg_sar.comm.SettingsMismatchError` naming it, on every rank.
-    Prepares the loaders' channel and returns the largest number of batches
-    of any rank."""
+def check_world(shard: Any) -> None:
+    """This rank holds part ``rank`` of as many parts as there are ranks
+    (checked before the first collective)."""
     from pyg_sar import comm
     world_size, rank = comm.get_world_size(), comm.get_rank()
     if world_size != shard.num_parts or rank != shard.rank:
@@ -333,9 +372,22 @@ def agree_with_peers(shard: Any, options: Dict[str, Any], num_batches: int,
             f"rank {rank} of {world_size} was given part {shard.rank} of "
             f"{shard.num_parts}; launch one worker per part and load "
             f"part r on rank r")
-    everyone = comm.agree(f'building a {what}', options, num_batches)
+
+
+def agree_with_peers(shard: Any, options: Dict[str, Any], num_inputs: int,
+                     what: str = 'DistNeighborLoader') -> List[int]:
+    """Checks (collectively) that every rank built its loader (``what``)
+    with the same ``options`` (``{name: value}``: the partition and every
+    option that decides which messages a round exchanges) and the same
+    shared communication settings; a difference is a
+    :class:`~pyg_sar.comm.SettingsMismatchError` naming it, on every rank.
+    Prepares the loaders' channel and returns every rank's number of
+    inputs (``num_inputs`` here)."""
+    from pyg_sar import comm
+    check_world(shard)
+    everyone = comm.agree(f'building a {what}', options, num_inputs)
     comm.ensure_channels(('loader', ))
-    return max(everyone)
+    return [int(n) for n in everyone]
 
 
 def constructor_signature(cls: type, order: Sequence[str],
@@ -349,7 +401,8 @@ def constructor_signature(cls: type, order: Sequence[str],
     with its defaults, then every other accepted option keyword-only, with
     the annotations of ``cls._setup``.
     """
-    accepted = resolve(cls.__name__, (), {}, order, pyg_order)
+    accepted = {**{k: DEFAULTS[k] for k in order},
+                **resolve(cls.__name__, (), {}, order, pyg_order)}
     setup = inspect.signature(cls._setup).parameters
 
     def param(name: str, kind: Any) -> inspect.Parameter:

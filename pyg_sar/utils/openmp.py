@@ -29,9 +29,19 @@ def warn_if_spinning() -> None:
     r"""Logs once, on rank-independent terms, that OpenMP threads spin
     between parallel regions: torch was loaded before ``import pyg_sar``
     and the environment names no wait policy. Such a process can run many
-    times slower when other jobs share its cores."""
+    times slower when other jobs share its cores. Silent where no thread
+    can spin (one OpenMP thread: ``OMP_NUM_THREADS=1`` or
+    ``torch.set_num_threads(1)``) and on every rank but 0 (``RANK``): the
+    message is the same on every rank, so one copy per job says it."""
     if _WARNED or os.environ.get('OMP_WAIT_POLICY') or \
             os.environ.get('GOMP_SPINCOUNT'):
+        return
+    if os.environ.get('RANK', '0').strip() not in ('', '0'):
+        return
+    torch = sys.modules.get('torch')
+    threads = torch.get_num_threads() if torch is not None else \
+        _int(os.environ.get('OMP_NUM_THREADS'))
+    if threads == 1:
         return
     _WARNED.append(True)
     log.warning(
@@ -40,3 +50,10 @@ def warn_if_spinning() -> None:
         "jobs on the cores an epoch can run many times slower; set "
         "OMP_WAIT_POLICY=PASSIVE in the job's environment or import "
         "pyg_sar before torch")
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

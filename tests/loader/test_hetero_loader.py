@@ -25,6 +25,18 @@ DICT_FANOUTS = {CITES: [3, 1], WRITES: [2, 0], WRITTEN: [1, 2],
                 HAS: [-1, 1], OF: [0, 2]}
 
 
+def _old(*args, **kwargs):
+    """A loader in the partition's ids, each rank batching its own inputs
+    (these checks compare with references in the partition's ids)."""
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistNeighborLoader(*args, **kwargs)
+
+
+def _old_link(*args, **kwargs):
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistLinkNeighborLoader(*args, **kwargs)
+
+
 def _reference(root, world_size):
     """Maps from the partition's per-type ids to the input's: node ids
     (``perm``) and edge ids (``eperm``), and every edge type's in-degrees
@@ -114,7 +126,7 @@ def _checks(rank, world_size, root, data, fanouts, input_type):
     report = dict(input_nodes=input_nodes, edges=0)
 
     # 1. A shuffled epoch over the training mask, per-edge-type fanouts.
-    loader = DistNeighborLoader(part, fanouts, input_nodes=(input_type, mask),
+    loader = _old(part, fanouts, input_nodes=(input_type, mask),
                                 batch_size=5, shuffle=True, seed=3)
     assert isinstance(loader, DistHeteroNeighborLoader)
     seeds, first = [], []
@@ -129,7 +141,7 @@ def _checks(rank, world_size, root, data, fanouts, input_type):
     # 2. Same seed: the same batches, also from PyG's stores.
     stores = (LocalFeatureStore.from_partition(root, rank),
               LocalGraphStore.from_partition(root, rank))
-    again = list(DistNeighborLoader(stores, fanouts,
+    again = list(_old(stores, fanouts,
                                     input_nodes=(input_type, mask),
                                     batch_size=5, shuffle=True, seed=3))
     assert len(again) == len(first)
@@ -142,9 +154,9 @@ def _checks(rank, world_size, root, data, fanouts, input_type):
             assert torch.equal(a[e].edge_index, b[e].edge_index)
             assert torch.equal(a[e].e_id, b[e].e_id)
     # A different seed samples differently (somewhere, on some rank).
-    other = list(DistNeighborLoader(part, fanouts, input_nodes=input_type,
+    other = list(_old(part, fanouts, input_nodes=input_type,
                                     batch_size=5, seed=4))
-    base = list(DistNeighborLoader(part, fanouts, input_nodes=input_type,
+    base = list(_old(part, fanouts, input_nodes=input_type,
                                    batch_size=5, seed=3))
     report['differs'] = any(
         not torch.equal(a[e].e_id, b[e].e_id) for a, b in zip(other, base)
@@ -152,7 +164,7 @@ def _checks(rank, world_size, root, data, fanouts, input_type):
 
     # 3. Sampling with replacement, one list for all edge types, ids input.
     ids = torch.arange(start, start + part[input_type].num_local_nodes)[::2]
-    loader = DistNeighborLoader(part, [4, 3], input_nodes=(input_type, ids),
+    loader = _old(part, [4, 3], input_nodes=(input_type, ids),
                                 batch_size=6, replace=True, seed=1)
     for batch in loader:
         _check_batch(batch, data, ref, loader.num_neighbors, input_type, ids,
@@ -162,11 +174,11 @@ def _checks(rank, world_size, root, data, fanouts, input_type):
     count = 0 if rank == world_size - 1 and world_size > 1 else 2 + 3 * rank
     own = torch.arange(start, start + min(count, part[input_type]
                                           .num_local_nodes))
-    plain = list(DistNeighborLoader(part, fanouts, drop_last=True,
+    plain = list(_old(part, fanouts, drop_last=True,
                                     input_nodes=(input_type, own),
                                     batch_size=2, seed=2))
     assert len(plain) == own.numel() // 2
-    padded = DistNeighborLoader(part, fanouts, input_nodes=(input_type, own),
+    padded = _old(part, fanouts, input_nodes=(input_type, own),
                                 batch_size=2, seed=2, pad_batches=True)
     steps = 0
     for batch in padded:
@@ -293,7 +305,7 @@ def test_layout_matches_pyg_neighbor_loader(tmp_path):
     partition_graph(graph, 1, str(tmp_path / 'one'), progress=False)
     part = load_partition(str(tmp_path / 'one'), 0)
     data = _in_partition_ids(part)
-    loader = DistNeighborLoader(part, DICT_FANOUTS, input_nodes=(
+    loader = _old(part, DICT_FANOUTS, input_nodes=(
         PAPER, part[PAPER].train_mask), batch_size=4, shuffle=True, seed=0)
     seeds = loader.input_nodes
     checked = 0
@@ -312,7 +324,7 @@ def test_per_edge_type_dict_is_respected(one_part):
     # Only citations are sampled; every other type must stay empty.
     only = {e: [0, 0] for e in part.edge_types}
     only[CITES] = [-1, 2]
-    batches = list(DistNeighborLoader(part, only, input_nodes=PAPER,
+    batches = list(_old(part, only, input_nodes=PAPER,
                                       batch_size=8, seed=0))
     assert sum(b[CITES].e_id.numel() for b in batches) > 0
     for b in batches:
@@ -328,7 +340,7 @@ def test_per_edge_type_dict_is_respected(one_part):
     authors = {e: [0] for e in part.edge_types}
     authors[WRITES] = [-1]
     writes_degree = part[WRITES].csc_ptr.diff()
-    for b in DistNeighborLoader(part, authors, input_nodes=PAPER,
+    for b in _old(part, authors, input_nodes=PAPER,
                                 batch_size=8, seed=0):
         seeds = b[PAPER].n_id[:b[PAPER].batch_size]
         assert b[CITES].e_id.numel() == 0
@@ -337,7 +349,7 @@ def test_per_edge_type_dict_is_respected(one_part):
     from torch_geometric.sampler import NumNeighbors
     as_str = {'__'.join(e): v for e, v in only.items()}
     for fanouts in (as_str, NumNeighbors(only)):
-        again = list(DistNeighborLoader(part, fanouts, input_nodes=PAPER,
+        again = list(_old(part, fanouts, input_nodes=PAPER,
                                         batch_size=8, seed=0))
         assert all(torch.equal(a[CITES].e_id, b[CITES].e_id)
                    for a, b in zip(batches, again))
@@ -363,19 +375,19 @@ def test_hetero_errors_are_clear(one_part):
     ]
     for kwargs, error, match in cases:
         with pytest.raises(error, match=match):
-            DistNeighborLoader(part, [2], **kwargs)
+            _old(part, [2], **kwargs)
     with pytest.raises(ValueError, match='must be an edge type'):
-        DistLinkNeighborLoader(part, [2])  # needs edge_label_index
+        _old_link(part, [2])  # needs edge_label_index
     with pytest.raises(ValueError, match='misses edge types'):
-        DistNeighborLoader(part, {CITES: [2]}, input_nodes=PAPER)
+        _old(part, {CITES: [2]}, input_nodes=PAPER)
     with pytest.raises(ValueError, match="lacks"):
-        DistNeighborLoader(part, {**DICT_FANOUTS, ('a', 'b', 'c'): [1, 1]},
+        _old(part, {**DICT_FANOUTS, ('a', 'b', 'c'): [1, 1]},
                            input_nodes=PAPER)
     with pytest.raises(ValueError, match='same number of hops'):
-        DistNeighborLoader(part, {**DICT_FANOUTS, CITES: [1]},
+        _old(part, {**DICT_FANOUTS, CITES: [1]},
                            input_nodes=PAPER)
     with pytest.raises(ValueError, match=r"num_neighbors\[.*cites"):
-        DistNeighborLoader(part, {**DICT_FANOUTS, CITES: [1, -3]},
+        _old(part, {**DICT_FANOUTS, CITES: [1, -3]},
                            input_nodes=PAPER)
 
 
@@ -399,7 +411,7 @@ def _train(rank, world_size, root, epochs):
     torch.manual_seed(0)
     part = load_partition(root, rank)
     model = to_hetero(SAGE(32, 4), part.metadata(), aggr='sum')
-    loader = DistNeighborLoader(part, {e: [6, 4] for e in part.edge_types},
+    loader = _old(part, {e: [6, 4] for e in part.edge_types},
                                 input_nodes=(PAPER, part[PAPER].train_mask),
                                 batch_size=16, shuffle=True, seed=0,
                                 pad_batches=True)

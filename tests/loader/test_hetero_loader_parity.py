@@ -21,6 +21,18 @@ from tests.loader.test_hetero_loader import DICT_FANOUTS, _assert_same_batch, \
 pytestmark = pytest.mark.slow
 
 
+def _old(*args, **kwargs):
+    """A loader in the partition's ids, each rank batching its own inputs
+    (these checks compare with references in the partition's ids)."""
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistNeighborLoader(*args, **kwargs)
+
+
+def _old_link(*args, **kwargs):
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistLinkNeighborLoader(*args, **kwargs)
+
+
 def _graph():
     data = hard_hetero(seed=3)
     g = torch.Generator().manual_seed(7)
@@ -167,7 +179,7 @@ def _case(rank, part, ref, data, mode, extra):
     seeds = part[PAPER].train_mask.nonzero().view(-1) + start
     if 'input_time' in kwargs:  # one time per seed
         kwargs['input_time'] = kwargs['input_time'][:seeds.numel()]
-    loader = DistNeighborLoader(part, DICT_FANOUTS, input_nodes=(
+    loader = _old(part, DICT_FANOUTS, input_nodes=(
         PAPER, seeds), batch_size=4, shuffle=True, seed=1, **kwargs)
     edges, seen = 0, []
     for batch in loader:
@@ -217,7 +229,7 @@ def _full(rank, world_size, root):
     part = load_partition(root, rank)
     fanouts = {e: [-1, -1] for e in part.edge_types}
     found = []
-    for b in DistNeighborLoader(part, fanouts, input_nodes=PAPER,
+    for b in _old(part, fanouts, input_nodes=PAPER,
                                 batch_size=3, disjoint=True):
         for i in range(b[PAPER].batch_size):
             seed = int(ref['perm'][PAPER][b[PAPER].n_id[i]])
@@ -235,7 +247,7 @@ def _full(rank, world_size, root):
 def test_temporal_layout_matches_pyg(parts):
     part = load_partition(parts[1][1], 0)
     data = _in_partition_ids(part)
-    loader = DistNeighborLoader(part, DICT_FANOUTS, input_nodes=PAPER,
+    loader = _old(part, DICT_FANOUTS, input_nodes=PAPER,
                                 batch_size=5, time_attr='t', seed=0)
     checked = 0
     for ours in loader:
@@ -253,8 +265,8 @@ def test_temporal_layout_matches_pyg(parts):
 def test_bidirectional_is_pygs_to_bidirectional(parts):
     part = load_partition(parts[1][1], 0)
     kw = dict(input_nodes=PAPER, batch_size=6, seed=5)
-    plain = list(DistNeighborLoader(part, DICT_FANOUTS, **kw))
-    both = list(DistNeighborLoader(part, DICT_FANOUTS,
+    plain = list(_old(part, DICT_FANOUTS, **kw))
+    both = list(_old(part, DICT_FANOUTS,
                                    subgraph_type='bidirectional', **kw))
     assert len(plain) == len(both) > 1
     for a, b in zip(plain, both):
@@ -290,7 +302,7 @@ def test_option_errors_are_clear(parts):
     ]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
-            DistNeighborLoader(part, [2], input_nodes=PAPER, **kwargs)
+            _old(part, [2], input_nodes=PAPER, **kwargs)
 
 
 # DistLinkNeighborLoader on heterogeneous parts ##############################
@@ -314,7 +326,7 @@ def _link_worker(rank, world_size, root, data):
             kwargs['edge_label'] = labels
         elif neg is not None:
             kwargs['neg_sampling'] = NegativeSampling(*neg)
-        loader = DistLinkNeighborLoader(
+        loader = _old_link(
             part, [3, 2], edge_label_index=(edge_type, None), batch_size=4,
             shuffle=True, seed=2, **kwargs)
         assert type(loader).__name__ == 'DistHeteroLinkNeighborLoader'
@@ -399,4 +411,4 @@ def test_hetero_link_refusals(parts):
             (dict(edge_label_index=WRITES, disjoint=True), 'disjoint'),
             (dict(edge_label_index=WRITES, time_attr='t'), 'temporal')]:
         with pytest.raises(ValueError, match=match):
-            DistLinkNeighborLoader(part, [2], **kwargs)
+            _old_link(part, [2], **kwargs)

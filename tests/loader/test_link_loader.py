@@ -15,6 +15,18 @@ from tests.loader.test_loader import _check_batch, _reference
 FANOUTS = [3, 2]
 
 
+def _old(*args, **kwargs):
+    """A loader in the partition's ids, each rank batching its own inputs
+    (these checks compare with references in the partition's ids)."""
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistNeighborLoader(*args, **kwargs)
+
+
+def _old_link(*args, **kwargs):
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistLinkNeighborLoader(*args, **kwargs)
+
+
 @pytest.fixture(scope='module')
 def parts3(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('link') / 'three')
@@ -44,7 +56,7 @@ def _link_checks(rank, world_size, root):
     labels = torch.rand(num_pairs, generator=gen)
     report = {'owners': set(), 'input_ids': []}
 
-    loader = DistLinkNeighborLoader(
+    loader = _old_link(
         part, FANOUTS, edge_label_index=pairs, edge_label=labels,
         neg_sampling='binary', batch_size=6, shuffle=True, seed=3,
         pad_batches=True)
@@ -72,7 +84,7 @@ def _link_checks(rank, world_size, root):
     assert count == len(loader) == loader.num_global_batches
     report['input_ids'] = torch.cat(report['input_ids']).sort().values
 
-    triplet = DistLinkNeighborLoader(
+    triplet = _old_link(
         part, FANOUTS, edge_label_index=pairs,
         neg_sampling=dict(mode='triplet', amount=3), batch_size=5, seed=4,
         pad_batches=True)
@@ -88,7 +100,7 @@ def _link_checks(rank, world_size, root):
         _check_structure(batch, ref)
 
     # Default pairs: this rank's in-edges, all labelled 1 without negatives.
-    default = DistLinkNeighborLoader(part, [2], batch_size=10**6)
+    default = _old_link(part, [2], batch_size=10**6)
     batches = list(default)
     if part.num_local_edges:
         (batch, ) = batches
@@ -120,19 +132,19 @@ def test_link_loader(tmp_path, world_size, parts3):
 def test_link_loader_refusals(parts3):
     part = load_partition(parts3, 0)
     with pytest.raises(ValueError, match='edge_label_time needs time_attr'):
-        DistLinkNeighborLoader(part, [2], edge_label_time=torch.zeros(3))
+        _old_link(part, [2], edge_label_time=torch.zeros(3))
     with pytest.raises(ValueError, match='triplet'):
-        DistLinkNeighborLoader(part, [2], edge_label=torch.ones(2),
+        _old_link(part, [2], edge_label=torch.ones(2),
                                edge_label_index=torch.zeros(2, 2).long(),
                                neg_sampling='triplet')
     with pytest.raises(ValueError, match=r'shape \[2, num_pairs\]'):
-        DistLinkNeighborLoader(part, [2],
+        _old_link(part, [2],
                                edge_label_index=torch.zeros(3, 2).long())
     # The node loader no longer takes a subgraph type it does not build.
     from torch_geometric.sampler.base import SubgraphType  # noqa
     for value in ('khop', SubgraphType.induced.value + 'x'):
         with pytest.raises(ValueError, match='subgraph_type'):
-            DistNeighborLoader(part, [2], subgraph_type=value)
+            _old(part, [2], subgraph_type=value)
 
 
 def _temporal_links(rank, world_size, root):
@@ -145,7 +157,7 @@ def _temporal_links(rank, world_size, root):
     gen = torch.Generator().manual_seed(rank)
     pairs = torch.randint(0, part.num_nodes, (2, 17), generator=gen)
     times = torch.randint(30, 100, (17, ), generator=gen)
-    loader = DistLinkNeighborLoader(
+    loader = _old_link(
         part, FANOUTS, edge_label_index=pairs, edge_label_time=times,
         time_attr='et', neg_sampling='binary', batch_size=5, seed=1,
         pad_batches=True)
@@ -171,7 +183,7 @@ def _temporal_links(rank, world_size, root):
     # Node timestamps: negatives no later than their pair (PyG's greedy
     # re-draws; what stays invalid becomes the earliest node).
     node_t = torch.cat([p.t for p in parts])
-    by_node = DistLinkNeighborLoader(
+    by_node = _old_link(
         part, FANOUTS, edge_label_index=pairs, edge_label_time=times,
         time_attr='t', neg_sampling=dict(mode='binary', amount=2),
         batch_size=5, seed=3, pad_batches=True)
@@ -188,7 +200,7 @@ def _temporal_links(rank, world_size, root):
             limit_all = batch.edge_label_time[batch.batch[col]]
             assert bool((node_t[src] <= limit_all).all())
     # Triplets, disjoint without times.
-    triplet = DistLinkNeighborLoader(
+    triplet = _old_link(
         part, FANOUTS, edge_label_index=pairs, disjoint=True,
         neg_sampling=dict(mode='triplet', amount=2), batch_size=4, seed=2,
         pad_batches=True)

@@ -42,6 +42,13 @@ def one_part(tmp_path_factory):
     return root
 
 
+def _old(*args, **kwargs):
+    """A loader in the partition's ids, each rank batching its own inputs
+    (the checks below compare with the partition's reference)."""
+    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
+    return DistNeighborLoader(*args, **kwargs)
+
+
 def _same(a, b):
     assert a.keys() == b.keys()
     for key in a.keys():
@@ -54,7 +61,13 @@ def _same(a, b):
 def test_pyg_positional_and_keyword_calls_equal_ours(one_part):
     part = load_partition(one_part, 0)
     mask = part.train_mask
-    ours = list(DistNeighborLoader(part, FANOUTS, mask, 16, True, seed=5))
+    ours = list(DistNeighborLoader(part, FANOUTS, mask, batch_size=16,
+                                   shuffle=True, seed=5))
+    # torch_geometric.loader.NeighborLoader's positional order.
+    loader_order = list(DistNeighborLoader(
+        part, FANOUTS, mask, None, False, 'directional', False, 'uniform',
+        None, None, None, None, False, None, None, True, batch_size=16,
+        shuffle=True, seed=5))
     # torch_geometric.distributed.DistNeighborLoader's positional order.
     theirs = list(DistNeighborLoader(
         part, FANOUTS, 'localhost', 12345, _context(0, 1), mask, None, None,
@@ -68,10 +81,12 @@ def test_pyg_positional_and_keyword_calls_equal_ours(one_part):
         drop_last=False, persistent_workers=False, batch_size=16,
         num_workers=0, master_addr='localhost', master_port=12346,
         concurrency=2, async_sampling=True, seed=5))
-    assert len(ours) == len(theirs) == len(keywords) > 1
-    for a, b, c in zip(ours, theirs, keywords):
+    assert len(ours) == len(theirs) == len(keywords) == \
+        len(loader_order) > 1
+    for a, b, c, d in zip(ours, theirs, keywords, loader_order):
         _same(a, b)
         _same(a, c)
+        _same(a, d)
     links = list(DistLinkNeighborLoader(
         part, FANOUTS, 'localhost', 12345, _context(0, 1),
         part.edge_index[:, :30], None, None, None, False, 'directional',
@@ -81,6 +96,7 @@ def test_pyg_positional_and_keyword_calls_equal_ours(one_part):
 
 def test_pyg_arguments_that_change_batches_are_refused(one_part):
     part = load_partition(one_part, 0)
+    mask = part.train_mask
     cases = [
         (dict(current_ctx=_context(1, 2)), 'current_ctx says rank 1 of 2'),
         (dict(dist_sampler=object()), 'dist_sampler'),
@@ -94,6 +110,15 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
         (dict(subgraph_type='induced', disjoint=True), 'induced'),
         (dict(concurrency=0), 'concurrency'),
         (dict(master_port='x'), 'master_port'),
+        (dict(neighbor_sampler=object()), 'neighbor_sampler'),
+        (dict(sampler=[0, 1]), 'custom sampler'),
+        (dict(batch_sampler=[[0]]), 'custom batch_sampler'),
+        (dict(prefetch_factor=2), 'num_workers > 0'),
+        (dict(num_workers=-1), 'num_workers'),
+        (dict(pad_batches='yes'), 'pad_batches'),
+        (dict(ids='orig'), "'dataset' or 'partition'"),
+        (dict(node_attrs=['nope']), "node_attrs' names \\['nope'\\]"),
+        (dict(seed=1, generator=torch.Generator()), 'either'),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -104,15 +129,25 @@ def test_pyg_arguments_that_change_batches_are_refused(one_part):
     with pytest.raises(TypeError, match="unexpected keyword argument "
                        "'edge_label'"):
         DistNeighborLoader(part, FANOUTS, edge_label=None)
+    with pytest.raises(TypeError, match="'transform_sampler_output' must be "
+                       "callable"):
+        DistNeighborLoader(part, FANOUTS, transform_sampler_output=3)
+    with pytest.raises(TypeError, match="'generator' must be a "
+                       "torch.Generator"):
+        DistNeighborLoader(part, FANOUTS, generator=3)
+    # pyg_sar's old order (input_nodes, batch_size, shuffle) is named.
+    with pytest.raises(TypeError, match="16 was passed as 'input_time'.*"
+                       "keyword-only"):
+        DistNeighborLoader(part, FANOUTS, mask, 16, True)
 
 
 def _bidirectional(rank, world_size, root):
     ref = _reference(root, world_size)
     part = load_partition(root, rank)
-    loader = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2,
+    loader = _old(part, FANOUTS, batch_size=8, seed=2,
                                 subgraph_type='bidirectional',
                                 pad_batches=True)
-    plain = DistNeighborLoader(part, FANOUTS, batch_size=8, seed=2,
+    plain = _old(part, FANOUTS, batch_size=8, seed=2,
                                pad_batches=True)
     checked = 0
     for batch, directed in zip(loader, plain):
@@ -158,7 +193,7 @@ def test_weight_attr_samples_in_proportion(tmp_path):
     partition_graph(data, 1, root)
     part = load_partition(root, 0)
     node0 = int((part.orig_ids == 0).nonzero())
-    loader = DistNeighborLoader(part, [1, -1], input_nodes=torch.tensor(
+    loader = _old(part, [1, -1], input_nodes=torch.tensor(
         [node0]), batch_size=1, seed=0, weight_attr='w')
     picks = torch.zeros(6)
     for _ in range(3000):
@@ -173,7 +208,7 @@ def test_weight_attr_samples_in_proportion(tmp_path):
     torch.testing.assert_close(share, torch.tensor([.1, .3, .6]),
                                atol=0.03, rtol=0)
     # fanout 2 without replacement: both picks distinct and positive.
-    loader = DistNeighborLoader(part, [2], input_nodes=torch.tensor([node0]),
+    loader = _old(part, [2], input_nodes=torch.tensor([node0]),
                                 seed=1, weight_attr='w')
     for _ in range(50):
         (batch, ) = list(loader)
@@ -184,7 +219,7 @@ def test_weight_attr_samples_in_proportion(tmp_path):
 def _disjoint(rank, world_size, root):
     ref = _reference(root, world_size)
     part = load_partition(root, rank)
-    loader = DistNeighborLoader(part, FANOUTS, batch_size=6, seed=3,
+    loader = _old(part, FANOUTS, batch_size=6, seed=3,
                                 disjoint=True, shuffle=True)
     checked = 0
     for batch in loader:
@@ -223,9 +258,9 @@ def _induced(rank, world_size, root):
     part = load_partition(root, rank)
     # Two loaders iterated together: pad_batches keeps their collective
     # rounds in step on every rank.
-    loader = DistNeighborLoader(part, FANOUTS, batch_size=5, seed=4,
+    loader = _old(part, FANOUTS, batch_size=5, seed=4,
                                 subgraph_type='induced', pad_batches=True)
-    plain = DistNeighborLoader(part, FANOUTS, batch_size=5, seed=4,
+    plain = _old(part, FANOUTS, batch_size=5, seed=4,
                                pad_batches=True)
     checked = 0
     for batch, directed in zip(loader, plain):
@@ -268,7 +303,7 @@ def _temporal(rank, world_size, root, strategy, on_edges):
         kwargs = dict(time_attr='et', temporal_strategy=strategy,
                       input_time=torch.randint(20, 100, (seeds.numel(), ),
                                                generator=gen))
-    loader = DistNeighborLoader(part, FANOUTS, batch_size=7, seed=5,
+    loader = _old(part, FANOUTS, batch_size=7, seed=5,
                                 pad_batches=True, **kwargs)
     assert loader.disjoint  # temporal sampling is disjoint, as in PyG
     checked = 0

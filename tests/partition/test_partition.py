@@ -125,6 +125,10 @@ def test_round_trip(graph, parted):
     for name in manifest['edge_attr_names']:
         joined = torch.cat([p.edge_attrs[name] for p in parts])
         assert torch.equal(joined, graph[name][order]), name
+    # The input edge id of every stored edge (the loaders' dataset e_id).
+    orig_eids = torch.cat([p.orig_eids for p in parts])
+    assert torch.equal(orig_eids, order)
+    assert torch.equal(perm[edge_index], graph.edge_index[:, orig_eids])
 
 
 def test_partition_contract(graph, parted):

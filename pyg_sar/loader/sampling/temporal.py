@@ -154,3 +154,20 @@ def node_times(shard, node_time: Tensor, ids: Tensor) -> Tensor:
     holds ``node_time`` of its own nodes (collective)."""
     return comm.ask_owners(ids, shard.owner(ids),
                            lambda asked: node_time[asked - shard.node_start])
+
+
+def pick_times(input_time: Optional[Tensor], positions: Tensor
+               ) -> Optional[Tensor]:
+    """The times of this rank's inputs: ``input_time`` holds one per input
+    node the user gave (PyG's ``input_time``), ``positions`` are this
+    rank's inputs' positions in them."""
+    if input_time is None:
+        return None
+    input_time = torch.as_tensor(input_time)
+    if input_time.dim() != 1 or (positions.numel() and
+                                 int(positions.max()) >= input_time.numel()):
+        raise ValueError(f"input_time must hold one time per input node "
+                         f"(got shape {list(input_time.shape)} for at least "
+                         f"{int(positions.max()) + 1 if positions.numel() else 0}"
+                         f" input nodes)")
+    return input_time[positions]

@@ -25,8 +25,11 @@ class NodeShard:
     ``node_ptr[p + 1] - 1``."""
 
     def __init__(self, rank: int, node_ptr: Tensor,
-                 node_attrs: Dict[str, Tensor]) -> None:
+                 node_attrs: Dict[str, Tensor],
+                 orig_ids: Optional[Tensor] = None) -> None:
         self.node_ptr = node_ptr.to(torch.long)
+        # The dataset ids of the local nodes (None: unknown, PyG's stores).
+        self.orig_ids = None if orig_ids is None else orig_ids.to(torch.long)
         self.num_nodes = int(self.node_ptr[-1])
         self.node_start = int(self.node_ptr[rank])
         self.num_local_nodes = int(self.node_ptr[rank + 1]) - self.node_start
@@ -44,11 +47,16 @@ class EdgeShard:
     ``csc_eid`` (edge ids); edge attributes have rows in CSC order."""
 
     def __init__(self, csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor,
-                 edge_attrs: Dict[str, Tensor]) -> None:
+                 edge_attrs: Dict[str, Tensor],
+                 orig_eids: Optional[Tensor] = None) -> None:
         self.csc_ptr = csc_ptr.to(torch.long)
         self.csc_src = csc_src.to(torch.long)
         self.csc_eid = csc_eid.to(torch.long)
         self.edge_attrs = edge_attrs
+        # The dataset ids of the local edges, CSC order (None: the
+        # partition records none: homogeneous parts, PyG's stores).
+        self.orig_eids = None if orig_eids is None else \
+            orig_eids.to(torch.long)
         self._eid_sorted: Optional[Tuple[Tensor, Tensor]] = None
 
     def edge_rows(self, edge_ids: Tensor) -> Tensor:

@@ -40,10 +40,11 @@ class HeteroShard:
     def from_partition(cls, part) -> 'HeteroShard':
         rank = int(part.rank)
         nodes = {t: NodeShard(rank, part[t].node_ptr,
-                              dict(part[t].node_attrs))
+                              dict(part[t].node_attrs), part[t].orig_ids)
                  for t in part.node_types}
         edges = {e: EdgeShard(part[e].csc_ptr, part[e].csc_src,
-                              part[e].csc_eid, dict(part[e].edge_attrs))
+                              part[e].csc_eid, dict(part[e].edge_attrs),
+                              part[e].orig_eids)
                  for e in part.edge_types}
         return cls(rank, int(part.num_parts), nodes, edges,
                    str(part.fingerprint))

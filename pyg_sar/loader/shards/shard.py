@@ -4,7 +4,7 @@ the local CSC, the node and edge attributes, from a
 ``LocalFeatureStore``/``LocalGraphStore``."""
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -28,9 +28,12 @@ class Shard(NodeShard, EdgeShard):
     def __init__(self, rank: int, num_parts: int, num_nodes: int,
                  node_ptr: Tensor, csc_ptr: Tensor, csc_src: Tensor,
                  csc_eid: Tensor, node_attrs: Dict[str, Tensor],
-                 edge_attrs: Dict[str, Tensor], fingerprint: str) -> None:
-        NodeShard.__init__(self, rank, node_ptr, node_attrs)
-        EdgeShard.__init__(self, csc_ptr, csc_src, csc_eid, edge_attrs)
+                 edge_attrs: Dict[str, Tensor], fingerprint: str,
+                 orig_ids: Optional[Tensor] = None,
+                 orig_eids: Optional[Tensor] = None) -> None:
+        NodeShard.__init__(self, rank, node_ptr, node_attrs, orig_ids)
+        EdgeShard.__init__(self, csc_ptr, csc_src, csc_eid, edge_attrs,
+                           orig_eids)
         self.rank = rank
         self.num_parts = num_parts
         self.num_nodes = num_nodes
@@ -51,7 +54,8 @@ class Shard(NodeShard, EdgeShard):
         return cls(int(part.rank), int(part.num_parts), int(part.num_nodes),
                    part.node_ptr, part.csc_ptr, part.csc_src, part.csc_eid,
                    dict(part.node_attrs), dict(part.edge_attrs),
-                   str(part.fingerprint))
+                   str(part.fingerprint), part.orig_ids,
+                   getattr(part, 'orig_eids', None))
 
     @classmethod
     def from_stores(cls, feature_store, graph_store) -> 'Shard':

@@ -27,7 +27,10 @@ class Partition:
     :obj:`node_ptr[rank + 1] - 1` and all edges pointing into them, stored in
     CSC order by local destination: the incoming edges of local node
     :obj:`v` are :obj:`csc_src[csc_ptr[v]:csc_ptr[v + 1]]` (global new source
-    ids, ascending) with global new edge ids :obj:`csc_eid[...]`.
+    ids, ascending) with global new edge ids :obj:`csc_eid[...]` and input
+    edge ids :obj:`orig_eids[...]` (columns of the input :obj:`edge_index`;
+    :obj:`None` for a partition written before pyg_sar recorded them), as
+    :obj:`orig_ids` are the input ids of the local nodes.
 
     Every node attribute of the input graph (:obj:`x`, :obj:`y`,
     :obj:`train_mask`, ...) is an attribute with rows in local order (see
@@ -54,6 +57,7 @@ class Partition:
         edge_attrs: Dict[str, Tensor],
         fingerprint: str,
         manifest: Dict[str, Any],
+        orig_eids: Optional[Tensor] = None,
     ):
         self.root = root
         self.rank = rank
@@ -68,6 +72,7 @@ class Partition:
         self.csc_ptr = csc_ptr
         self.csc_src = csc_src
         self.csc_eid = csc_eid
+        self.orig_eids = orig_eids
         self.node_attrs = node_attrs
         self.edge_attrs = edge_attrs
         self.node_attr_names = list(node_attrs)
@@ -205,6 +210,12 @@ def _load_homogeneous(root: str, rank: int, meta: Dict[str, Any],
     for key in ('edge_id', 'row', 'col'):
         expect_vector(graph[key], num_local_edges, graph_path, key)
     csc_src, col, csc_eid = graph['row'], graph['col'], graph['edge_id']
+    orig_eids = graph.get('orig_edge_id')  # None: written before it was
+    if orig_eids is not None:
+        expect_vector(orig_eids, num_local_edges, graph_path, 'orig_edge_id')
+        expect(num_local_edges == 0 or (int(orig_eids.min()) >= 0 and
+                                        int(orig_eids.max()) < num_edges),
+               graph_path, f'orig_edge_id outside [0, {num_edges})')
     if num_local_edges > 0:
         expect(
             int(col.min()) >= node_start and int(col.max()) < node_end,
@@ -236,6 +247,7 @@ def _load_homogeneous(root: str, rank: int, meta: Dict[str, Any],
         csc_ptr=csc_ptr,
         csc_src=csc_src,
         csc_eid=csc_eid,
+        orig_eids=orig_eids,
         node_attrs={key: node_attrs[key]
                     for key in node_attr_names},
         edge_attrs={key: edge_attrs[key]

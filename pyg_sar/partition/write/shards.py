@@ -8,7 +8,7 @@ node rows with :obj:`all_to_all` (the :obj:`exchange` of
 byte for byte.
 
 Memory of one writer: the relabelling (8 bytes per node), one chunk of the
-edge list, and one unit: about 56 bytes per in-edge of the unit
+edge list, and one unit: about 64 bytes per in-edge of the unit
 (:obj:`MAX_UNIT_EDGES`) plus its node rows (:obj:`MAX_UNIT_BYTES`). A part
 split into several units costs one pass over the edge list per unit.
 """
@@ -51,7 +51,8 @@ class LocalExchange:
 
 # A part whose in-edges exceed this many is written in several units (ranges
 # of its target nodes), each a pass over the edge list: the writer holds
-# about 56 bytes per edge of one unit (ids, sort key and order, row/col).
+# about 64 bytes per edge of one unit (ids, input ids, sort key and order,
+# row/col).
 MAX_UNIT_EDGES = 1 << 25
 # The same for the node attribute rows of one unit (bytes).
 MAX_UNIT_BYTES = 1 << 30
@@ -121,7 +122,11 @@ class _PartFiles:
             {'edge_id': torch.empty(num_edges, dtype=torch.long),
              'row': torch.empty(num_edges, dtype=torch.long),
              'col': torch.empty(num_edges, dtype=torch.long),
-             'size': size}, osp.join(part_dir, 'graph.pt'), save)
+             'size': size,
+             # The input's edge ids (columns of its edge_index): pyg_sar's
+             # own key, which PyG's LocalGraphStore does not read.
+             'orig_edge_id': torch.empty(num_edges, dtype=torch.long)},
+            osp.join(part_dir, 'graph.pt'), save)
         self.nodes = StreamedSave(
             {'global_id': torch.empty(self.hi - self.lo, dtype=torch.long),
              'feats': {k: empty(v, self.hi - self.lo)
@@ -216,11 +221,12 @@ def write_shards(root: str, source: GraphSource, new_id: Tensor,
                 if pick.numel() == 0:
                     continue
                 edge_ids = pick + start
-                send[q].append([new_dst[pick], new_id[src[pick]]] +
+                send[q].append([new_dst[pick], new_id[src[pick]],
+                                edge_ids] +
                                [take_rows(v, edge_ids)
                                 for v in edge_attrs.values()])
         fields = []
-        for k, empty in enumerate([long_empty] * 2 + edge_empty):
+        for k, empty in enumerate([long_empty] * 3 + edge_empty):
             outgoing = []
             for pieces in send:
                 outgoing.append(_cat([piece[k] for piece in pieces], empty))
@@ -259,10 +265,10 @@ def write_shards(root: str, source: GraphSource, new_id: Tensor,
         start = files.edge_start + files.edges_done
         edge_id = torch.arange(start, start + row.numel())
         files.edges_done += row.numel()
-        for k, value in enumerate((edge_id, row, col)):
+        for k, value in enumerate((edge_id, row, col, fields[2][order])):
             files.graph.write(k, value)
         files.edges.write(0, edge_id)
-        for k, value in enumerate(fields[2:]):
+        for k, value in enumerate(fields[3:]):
             files.edges.write(k + 1, value[order])
         remote = (row < files.lo) | (row >= files.hi)
         halo_mark[row[remote]] = True

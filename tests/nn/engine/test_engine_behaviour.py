@@ -337,11 +337,22 @@ def test_openmp_wait_policy_is_passive_unless_torch_came_first(monkeypatch):
     handler.emit = records.append
     openmp.log.addHandler(handler)
     monkeypatch.delenv('OMP_WAIT_POLICY', raising=False)
-    monkeypatch.setattr(openmp, '_WARNED', [])
+    monkeypatch.delenv('RANK', raising=False)
+    threads = torch.get_num_threads()
     try:
+        for rank, num_threads in (('1', 2), ('0', 1)):  # silent: no spin,
+            monkeypatch.setenv('RANK', rank)  # or not the first rank
+            torch.set_num_threads(num_threads)
+            monkeypatch.setattr(openmp, '_WARNED', [])
+            openmp.warn_if_spinning()
+        assert records == []
+        monkeypatch.delenv('RANK')
+        torch.set_num_threads(2)
+        monkeypatch.setattr(openmp, '_WARNED', [])
         openmp.warn_if_spinning()
         openmp.warn_if_spinning()
     finally:
+        torch.set_num_threads(threads)
         openmp.log.removeHandler(handler)
     assert len(records) == 1
     assert 'OMP_WAIT_POLICY=PASSIVE' in records[0].getMessage()
