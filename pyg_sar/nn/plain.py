@@ -34,6 +34,8 @@ import functools
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+from torch import Tensor
+from torch_geometric.typing import SparseTensor
 
 # Attributes of MessagePassing that a user or PyG's explain API may change
 # after construction: the view reads them from the twin at every call.
@@ -171,10 +173,39 @@ _CALLS: list = []
 
 def in_plain_call() -> bool:
     """Whether the innermost call under way of a model converted by
-    :func:`~pyg_sar.nn.to_distributed` got no distributed graph (a sampled
-    batch): its normalizations then take the batch's own statistics, as the
-    stock modules do, instead of whole-graph ones."""
-    return bool(_CALLS) and _CALLS[-1]
+    :func:`~pyg_sar.nn.to_distributed` that holds a graph holds a plain one
+    (a sampled batch's ``edge_index``, adjacency or ``edge_index_dict``),
+    not a distributed one: its normalizations then take the batch's own
+    statistics, as the stock modules do, instead of whole-graph ones. A
+    call that holds no graph at all (a converted norm or MLP called on node
+    rows) says nothing: it follows the call around it, and on its own keeps
+    whole-graph statistics."""
+    for plain in reversed(_CALLS):
+        if plain is not None:
+            return plain
+    return False
+
+
+def _is_plain_graph(value: Any) -> bool:
+    # An edge_index ([2, E] integers), a torch.sparse adjacency or a
+    # torch_sparse SparseTensor.
+    if isinstance(value, Tensor):
+        return value.layout != torch.strided or (
+            value.dim() == 2 and value.size(0) == 2 and
+            not value.is_floating_point() and not value.is_complex() and
+            value.dtype != torch.bool)
+    return isinstance(value, SparseTensor)
+
+
+def holds_plain_graph(args: Tuple, kwargs: Dict[str, Any]) -> bool:
+    """Whether a call's arguments hold a plain graph (see
+    :func:`in_plain_call`; directly or in a dict such as an
+    ``edge_index_dict``)."""
+    for value in list(args) + list(kwargs.values()):
+        inner = value.values() if isinstance(value, dict) else (value, )
+        if any(_is_plain_graph(v) for v in inner):
+            return True
+    return False
 
 
 def mark_calls(model: torch.nn.Module) -> torch.nn.Module:
@@ -189,7 +220,9 @@ def mark_calls(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _enter(module, args, kwargs) -> None:
-    _CALLS.append(not holds_dist_graph(args, kwargs))
+    # True: a plain graph, False: a distributed one, None: no graph.
+    _CALLS.append(False if holds_dist_graph(args, kwargs) else
+                  True if holds_plain_graph(args, kwargs) else None)
 
 
 def _leave(module, args, output) -> None:

@@ -45,8 +45,10 @@ def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
         x (Tensor or Dict[str, Tensor]): The features of this rank's
             nodes (``part.x``; ``x_dict`` for a heterogeneous graph).
         graph (DistGraph or HeteroDistGraph): The distributed graph.
-        *args, **kwargs: Further arguments of the model's ``forward``
-            (e.g. ``edge_weight=part.edge_weight``).
+        *args (optional): Further positional arguments of the model's
+            ``forward``.
+        **kwargs (optional): Its keyword arguments (e.g.
+            ``edge_weight=part.edge_weight``).
         return_ids (bool, optional): Also return the dataset id of every
             output row (``graph.orig_ids``; ``orig_ids_dict`` for a
             heterogeneous graph), e.g. to gather predictions by id.
