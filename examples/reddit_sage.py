@@ -29,7 +29,7 @@ from torch_geometric.nn import SAGEConv
 rank, world_size = pyg_sar.init_distributed()
 device = torch.device('cpu')
 parser = argparse.ArgumentParser()
-parser.add_argument('--root', default=osp.join(osp.dirname(__file__), '..'))
+parser.add_argument('--root', default='data')
 parser.add_argument('--dataset', default='CS')
 args = parser.parse_args()
 path = osp.join(args.root, 'parts', f'{args.dataset}-{world_size}')
