@@ -119,6 +119,11 @@ class FusedAttentionAggregator(AttentionAggregator):
         super().__init__(plan, inputs)
         self.keep = False
 
+    def heads_first(self) -> List[bool]:
+        # The kernels gather a source's whole [H, C] row per edge: node-major
+        # tables (one contiguous row, no head-major copy per block).
+        return [False] * len(self.inputs.source_meta)
+
     def edge_cost(self) -> Tuple[int, int]:
         value = self.inputs.sources[self.k_value]
         heads, itemsize = value.shape[1], value.element_size()

@@ -42,18 +42,49 @@ def _ninja_on_path() -> None:
             os.environ.get('PATH', '')
 
 
+def _cpu_flags() -> Optional[str]:
+    """The x86 CPU's feature flags (``/proc/cpuinfo``), or ``None`` where
+    they cannot be read (another OS or architecture)."""
+    import platform
+    if platform.machine().lower() not in ('x86_64', 'amd64'):
+        return None
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('flags'):
+                    return ' '.join(sorted(line.split(':', 1)[1].split()))
+    except OSError:
+        pass
+    return None
+
+
+def compile_flags() -> list:
+    """``-O3``, and ``-march=native`` where the CPU's flags are known (they
+    are part of the build's name, so a cached build never runs on a CPU
+    with other instructions). ``-ffp-contract=off``: no fused multiply-add
+    contraction, so every instruction set gives the same numbers."""
+    flags = ['-O3', '-fopenmp', '-ffp-contract=off']
+    if _cpu_flags() is not None:
+        flags.append('-march=native')
+    return flags
+
+
 def _build() -> Optional[Any]:
     try:
         from torch.utils import cpp_extension
         _ninja_on_path()
+        flags = compile_flags()
         with open(_SOURCE, 'rb') as f:
-            # The source's hash names the build: an edited kernel never
-            # reuses a stale cached one.
+            # The source, the flags and the CPU's instruction sets name the
+            # build: an edited kernel never reuses a stale cached one, nor a
+            # machine one built for another CPU.
             import hashlib
-            tag = hashlib.sha256(f.read()).hexdigest()[:12]
+            key = hashlib.sha256(f.read())
+            key.update(repr((flags, _cpu_flags())).encode())
+            tag = key.hexdigest()[:12]
         module = cpp_extension.load(
             name=f'pyg_sar_fused_attention_{tag}', sources=[_SOURCE],
-            extra_cflags=['-O3', '-fopenmp'], extra_ldflags=['-fopenmp'],
+            extra_cflags=flags, extra_ldflags=['-fopenmp'],
             verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build
         log.warning('pyg_sar: fused CPU attention kernels unavailable (%s: '

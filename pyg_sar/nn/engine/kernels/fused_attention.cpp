@@ -44,6 +44,29 @@ struct Rows {
   explicit operator bool() const { return p != nullptr; }
 };
 
+// sum_c f(c) over C channels in kLanes independent partial sums (lane
+// c % kLanes), added in a fixed order at the end: the compiler vectorizes
+// the lanes (a single running sum is a dependency chain it may not reorder),
+// and the result is the same at every vector width.
+constexpr int64_t kLanes = 8;
+
+template <typename T, typename F>
+inline T lane_sum(int64_t C, F f) {
+  T p[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= C; c += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k) p[k] += f(c + k);
+  T tail = 0;
+  for (; c < C; ++c) tail += f(c);
+  return (((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]))) +
+         tail;
+}
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t C) {
+  return lane_sum<T>(C, [&](int64_t c) { return a[c] * b[c]; });
+}
+
 // The logit of edge e (source j, row i) and head h. GAT's tables are
 // [N, H] (one term per node and head), GATv2's [N, H, C].
 template <typename T, int KIND>
@@ -56,15 +79,14 @@ inline T logit(const Rows<const T>& ss, const Rows<const T>& sd,
     return lrelu(v, slope);
   }
   const T *sj = ss.at(j, h), *si = sd.at(i, h), *a = att + h * C;
-  T acc = 0;
   if (ed) {
     const T* eh = ed.at(e, h);
-    for (int64_t c = 0; c < C; ++c)
-      acc += a[c] * lrelu(sj[c] + si[c] + eh[c], slope);
-  } else {
-    for (int64_t c = 0; c < C; ++c) acc += a[c] * lrelu(sj[c] + si[c], slope);
+    return lane_sum<T>(C, [&](int64_t c) {
+      return a[c] * lrelu(sj[c] + si[c] + eh[c], slope);
+    });
   }
-  return acc;
+  return lane_sum<T>(
+      C, [&](int64_t c) { return a[c] * lrelu(sj[c] + si[c], slope); });
 }
 
 // Rows gathered by index are the chunk's cache misses: ask for the row of
@@ -186,9 +208,7 @@ void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
                       (sm[i * H + h] + static_cast<T>(kEps));
           const T z = mk ? mk[e * H + h] : T(1);
           const T *gh = go.at(i, h), *vh = val.at(j, h);
-          T dot = 0;
-          for (int64_t c = 0; c < C; ++c) dot += gh[c] * vh[c];
-          const T da = p * (z * dot - dl[i * H + h]);
+          const T da = p * (z * dot(gh, vh, C) - dl[i * H + h]);
           w[e * H + h] = p * z;
           if (KIND == 0) {
             T pre = *ss.at(j, h) + *sd.at(i, h);
@@ -199,16 +219,28 @@ void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
           } else {
             ds[e * H + h] = da;
             const T *ah = at + h * C, *sj = ss.at(j, h), *si = sd.at(i, h);
-            const T* eh = ed ? ed.at(e, h) : nullptr;
             T* gdi = gd.at(i, h);
-            T* geh = ge ? ge.at(e, h) : nullptr;
             T* gah = ga_t + h * C;
-            for (int64_t c = 0; c < C; ++c) {
-              const T pre = sj[c] + si[c] + (eh ? eh[c] : T(0));
-              const T g = da * ah[c] * lrelu_grad(pre, slope);
-              gdi[c] += g;
-              if (geh) geh[c] = g;
-              gah[c] += da * lrelu(pre, slope);
+            if (ed) {
+              const T* eh = ed.at(e, h);
+              T* geh = ge ? ge.at(e, h) : nullptr;
+              for (int64_t c = 0; c < C; ++c) {
+                const T pre = sj[c] + si[c] + eh[c];
+                const T g = da * ah[c] * lrelu_grad(pre, slope);
+                gdi[c] += g;
+                gah[c] += da * lrelu(pre, slope);
+              }
+              if (geh) {
+                for (int64_t c = 0; c < C; ++c)
+                  geh[c] = da * ah[c] *
+                           lrelu_grad(sj[c] + si[c] + eh[c], slope);
+              }
+            } else {
+              for (int64_t c = 0; c < C; ++c) {
+                const T pre = sj[c] + si[c];
+                gdi[c] += da * ah[c] * lrelu_grad(pre, slope);
+                gah[c] += da * lrelu(pre, slope);
+              }
             }
           }
         }
@@ -256,11 +288,14 @@ void backward_cols_impl(const torch::Tensor& crow_t, const torch::Tensor& col_t,
             *gs.at(j, h) += g;
           } else {
             const T *ah = at + h * C, *sj = ss.at(j, h), *si = sd.at(i, h);
-            const T* eh = ed ? ed.at(e, h) : nullptr;
             T* gsh = gs.at(j, h);
-            for (int64_t c = 0; c < C; ++c) {
-              const T pre = sj[c] + si[c] + (eh ? eh[c] : T(0));
-              gsh[c] += g * ah[c] * lrelu_grad(pre, slope);
+            if (ed) {
+              const T* eh = ed.at(e, h);
+              for (int64_t c = 0; c < C; ++c)
+                gsh[c] += g * ah[c] * lrelu_grad(sj[c] + si[c] + eh[c], slope);
+            } else {
+              for (int64_t c = 0; c < C; ++c)
+                gsh[c] += g * ah[c] * lrelu_grad(sj[c] + si[c], slope);
             }
           }
         }
