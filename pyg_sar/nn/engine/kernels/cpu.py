@@ -81,9 +81,9 @@ def _build() -> Optional[Any]:
             import hashlib
             key = hashlib.sha256(f.read())
             key.update(repr((flags, _cpu_flags())).encode())
-            tag = key.hexdigest()[:12]
+            digest = key.hexdigest()[:12]
         module = cpp_extension.load(
-            name=f'pyg_sar_fused_attention_{tag}', sources=[_SOURCE],
+            name=f'pyg_sar_fused_attention_{digest}', sources=[_SOURCE],
             extra_cflags=flags, extra_ldflags=['-fopenmp'],
             verbose=False)
     except Exception as exc:  # no compiler, no ninja, a failed build
