@@ -85,8 +85,8 @@ def test_one_layer_runs_through_few_files(layer, expected, tmp_path):
         assert set(files) == expected, (
             f'rank {rank}: {layer} runs through {sorted(files)}; expected '
             f'{sorted(expected)}')
-    if layer == 'sage':
-        assert len(expected) <= 8
+    if layer == 'sage':  # eight, and the DistGraph check of nn/plain.py
+        assert len(expected) <= 9
 
 
 def _package_classes():
