@@ -15,6 +15,7 @@ files of the checkpoint directory; tensor data is read by DCP with
 """
 from __future__ import annotations
 
+import enum
 import functools
 import io
 import pickle
@@ -65,6 +66,18 @@ def _format_class(name: str) -> Any:
                 if key == name)
 
 
+def _format_enum_member(cls: Any, name: Any) -> Any:
+    """``getattr(cls, name)`` for a member ``name`` of an enum class of the
+    checkpoint format, and nothing else."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and
+            cls in _allowed_globals().values() and isinstance(name, str) and
+            name in cls.__members__):
+        raise pickle.UnpicklingError(
+            f"it looks up {name!r} of {cls!r}, which is not a member of an "
+            f"enum of the checkpoint format")
+    return cls.__members__[name]
+
+
 class _SafeUnpickler(pickle.Unpickler):
     """An unpickler that constructs only what :func:`_allowed_globals`
     lists and torch dtypes (as ``torch.load(weights_only=True)`` does for
@@ -72,6 +85,10 @@ class _SafeUnpickler(pickle.Unpickler):
     of the file's choosing runs."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ('builtins', 'getattr'):
+            # How Python >= 3.11.? pickles an Enum member (by name): only
+            # members of the format's own enums are looked up.
+            return _format_enum_member
         found = _allowed_globals().get((module, name))
         if found is not None:
             return found

@@ -9,6 +9,8 @@ every output path (and ``--parts``) is checked before training starts.
 Code-execution attempts use a pickle that would create a marker file; each
 test asserts that the marker does not exist.
 """
+import enum
+import io
 import json
 import os
 import os.path as osp
@@ -504,3 +506,32 @@ def test_cli_models_match_the_training_loop():
         'train']
     model = next(a for a in train._actions if a.dest == 'model')
     assert tuple(model.choices) == MODELS
+
+
+class _Lookup:
+    """Pickles as ``getattr(target, name)``: how Python pickles an enum
+    member by name (3.11.2 here; 3.12)."""
+
+    def __init__(self, target, name):
+        self.target, self.name = target, name
+
+    def __reduce__(self):
+        return getattr, (self.target, self.name)
+
+
+def test_enum_members_by_name_are_read_and_nothing_else():
+    """A metadata file may name ``getattr`` for an enum member of the
+    format's own classes; any other lookup is refused before it runs."""
+    from pyg_sar.comm import dcp
+    enums = [c for c in dcp.format_classes().values()
+             if isinstance(c, type) and issubclass(c, enum.Enum)]
+    assert enums, 'the format has no enum class to check'
+    member = next(iter(enums[0]))
+    data = pickle.dumps(_Lookup(enums[0], member.name), protocol=4)
+    assert checkpoint_io._SafeUnpickler(io.BytesIO(data)).load() is member
+    for target, name in ((subprocess.Popen, '__init__'),
+                         (enums[0], '__class__'), (enums[0], 'mro')):
+        data = pickle.dumps(_Lookup(target, name), protocol=4)
+        with pytest.raises(pickle.UnpicklingError, match='not a member|'
+                           'not part of the checkpoint format'):
+            checkpoint_io._SafeUnpickler(io.BytesIO(data)).load()
