@@ -46,6 +46,7 @@ from cora_workers import argument_parser, load_shard
 from pyg_sar import comm
 from pyg_sar.nn import to_distributed
 from pyg_sar.train import distributed_loss
+from side_by_side import print_epochs
 
 
 def mlp(in_channels: int, hidden: int, out_channels: int) -> torch.nn.Module:
@@ -172,18 +173,7 @@ def main() -> None:
     if shard.rank != 0:
         return
 
-    header = 'epoch  loss      val    test'
-    if single:
-        header += '   | one process: loss      val    test'
-    print(header)
-    for epoch, row in enumerate(history, 1):
-        if epoch % 10 and epoch != 1:
-            continue
-        line = f'{epoch:5d}  {row[0]:.6f}  {row[1]:.4f} {row[2]:.4f}'
-        if single:
-            s = single['curve'][epoch - 1]
-            line += f'   |              {s[0]:.6f}  {s[1]:.4f} {s[2]:.4f}'
-        print(line)
+    print_epochs(history, single['curve'] if single else None)
     print(f'C&S ({args.correction_layers} + {args.smoothing_layers} steps, '
           f"{'autoscale' if args.scale is None else f'scale {args.scale}'}"
           f'): {seconds:.3f}s on {shard.world_size} workers')
