@@ -10,11 +10,11 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput
 
 from pyg_sar import datasets, load_partition, partition_graph
-from pyg_sar.loader import (DistHeteroNeighborLoader, DistLinkNeighborLoader,
-                            DistNeighborLoader)
+from pyg_sar.loader import DistHeteroNeighborLoader
 from tests._dist import run_workers
 from tests._hetero import AUTHOR, CITES, FIELD, HAS, OF, PAPER, WRITES, \
     WRITTEN, hard_hetero
+from tests._loaders import _old, _old_link
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -23,18 +23,6 @@ pytestmark = pytest.mark.slow
 # per-type fanout checks: 0 (no edges of the type), -1 (all of them).
 DICT_FANOUTS = {CITES: [3, 1], WRITES: [2, 0], WRITTEN: [1, 2],
                 HAS: [-1, 1], OF: [0, 2]}
-
-
-def _old(*args, **kwargs):
-    """A loader in the partition's ids, each rank batching its own inputs
-    (these checks compare with references in the partition's ids)."""
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistNeighborLoader(*args, **kwargs)
-
-
-def _old_link(*args, **kwargs):
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistLinkNeighborLoader(*args, **kwargs)
 
 
 def _reference(root, world_size):

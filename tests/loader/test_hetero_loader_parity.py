@@ -11,26 +11,14 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.sampler import HeteroSamplerOutput
 
 from pyg_sar import load_partition, partition_graph
-from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
 from tests._hetero import AUTHOR, CITES, PAPER, WRITES, hard_hetero
 from tests.loader.test_hetero_loader import DICT_FANOUTS, _assert_same_batch, \
     _in_partition_ids, _reference, _Replay
+from tests._loaders import _old, _old_link
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
-
-
-def _old(*args, **kwargs):
-    """A loader in the partition's ids, each rank batching its own inputs
-    (these checks compare with references in the partition's ids)."""
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistNeighborLoader(*args, **kwargs)
-
-
-def _old_link(*args, **kwargs):
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistLinkNeighborLoader(*args, **kwargs)
 
 
 def _graph():

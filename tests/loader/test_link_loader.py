@@ -8,23 +8,11 @@ import pytest
 import torch
 
 from pyg_sar import datasets, load_partition, partition_graph
-from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
 from tests.loader.test_loader import _check_batch, _reference
+from tests._loaders import _old, _old_link
 
 FANOUTS = [3, 2]
-
-
-def _old(*args, **kwargs):
-    """A loader in the partition's ids, each rank batching its own inputs
-    (these checks compare with references in the partition's ids)."""
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistNeighborLoader(*args, **kwargs)
-
-
-def _old_link(*args, **kwargs):
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistLinkNeighborLoader(*args, **kwargs)
 
 
 @pytest.fixture(scope='module')

@@ -9,6 +9,7 @@ from pyg_sar import datasets, load_partition, partition_graph
 from pyg_sar.loader import DistLinkNeighborLoader, DistNeighborLoader
 from tests._dist import run_workers
 from tests.loader.test_loader import _reference
+from tests._loaders import _old
 
 # Many multi-process runs: deselect with -m "not slow".
 pytestmark = pytest.mark.slow
@@ -40,13 +41,6 @@ def one_part(tmp_path_factory):
     data.edge_attr = torch.randn(data.num_edges, 2)
     partition_graph(data, 1, root)
     return root
-
-
-def _old(*args, **kwargs):
-    """A loader in the partition's ids, each rank batching its own inputs
-    (the checks below compare with the partition's reference)."""
-    kwargs = {'ids': 'partition', 'pad_batches': False, **kwargs}
-    return DistNeighborLoader(*args, **kwargs)
 
 
 def _same(a, b):
