@@ -1,48 +1,48 @@
-"""PyG's ``examples/reddit.py`` ported to pyg_sar, on Coauthor CS.
+"""PyG's ``examples/reddit.py``, ported to pyg_sar, on Coauthor CS.
 
-The same GraphSAGE, loader arguments, training and test functions as PyG's
-script; the changed lines launch and partition, build the loader on this
-worker's part, take the mean loss over the global batch and sum gradients
-across workers, and replace the layer-wise ``model.inference`` over a
-subgraph loader by :func:`pyg_sar.train.inference` over the
-:class:`~pyg_sar.DistGraph`. Coauthor CS has no split: it gets a seeded
-random one (20 nodes per class for training, 30 for validation, the rest
-for testing), the same on every worker.
+PyG's script with its loader line swapped: rank 0 partitions the graph
+once (:func:`pyg_sar.distribute`), each worker samples its own seeds with
+:class:`~pyg_sar.loader.DistNeighborLoader`, the loss is the mean over the
+global batch (:func:`pyg_sar.global_mean`, gradients summed by
+:func:`pyg_sar.all_reduce_grads`) and the evaluation runs every layer once
+over the whole graph (:func:`pyg_sar.train.inference`) instead of PyG's
+layer-wise loop over a subgraph loader. Coauthor CS has no split: a seeded
+random one (20 training nodes per class, 450 validation nodes, the rest for
+testing), drawn once by rank 0.
 
-    torchrun --nproc-per-node 2 --local-ranks-filter 0 \
-        examples/reddit_sage.py --root data
+    torchrun --nproc-per-node 2 --local-ranks-filter 0 examples/reddit_sage.py
 
-``--root`` is a writable folder holding ``ROOT/CS`` (downloaded when
-absent); rank 0 partitions it into ``ROOT/parts/CS-<N>`` once.
+Coauthor CS is read from (or downloaded to) ``../data/CS`` next to this
+folder, as PyG's examples do; its partitions are kept there too.
 """
 import pyg_sar  # first: its OpenMP policy must be set before torch loads
-import argparse
 import os.path as osp
+import time
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from pyg_sar.comm import global_count
-from pyg_sar.loader import DistNeighborLoader
+
+import torch_geometric.transforms as T
+from torch_geometric.datasets import Coauthor
+from pyg_sar.loader import DistNeighborLoader as NeighborLoader
 from torch_geometric.nn import SAGEConv
 
-rank, world_size = pyg_sar.init_distributed()
 device = torch.device('cpu')
-parser = argparse.ArgumentParser()
-parser.add_argument('--root', default='data')
-parser.add_argument('--dataset', default='CS')
-args = parser.parse_args()
-path = osp.join(args.root, 'parts', f'{args.dataset}-{world_size}')
-if rank == 0 and not osp.exists(osp.join(path, 'META.json')):
-    pyg_sar.partition_graph(pyg_sar.datasets.load(args.dataset, args.root),
-                            world_size, path)
-pyg_sar.comm.barrier()
-data = pyg_sar.load_partition(path, rank)
+
+path = osp.join(osp.dirname(osp.realpath(__file__)), '..', 'data')
+
+torch.manual_seed(0)  # the same random split in every run
+# Only rank 0 loads the whole graph and partitions it (once); every worker
+# gets its own part:
+split = T.RandomNodeSplit('test_rest', num_train_per_class=20, num_val=450)
+data = pyg_sar.distribute(lambda: Coauthor(path, 'CS', transform=split)[0],
+                          path)
+
 kwargs = {'batch_size': 1024, 'num_workers': 6, 'persistent_workers': True}
-train_loader = DistNeighborLoader(data, input_nodes=data.train_mask,
-                                  num_neighbors=[25, 10], shuffle=True,
-                                  **kwargs)
-graph = pyg_sar.DistGraph(data)
+train_loader = NeighborLoader(data, input_nodes=data.train_mask,
+                              num_neighbors=[25, 10], shuffle=True, **kwargs)
+graph = pyg_sar.DistGraph(data)  # for full-graph inference
 
 
 class SAGE(torch.nn.Module):
@@ -64,6 +64,10 @@ class SAGE(torch.nn.Module):
     def inference(self, x_all, subgraph_loader):
         pbar = tqdm(total=len(subgraph_loader.dataset) * len(self.convs))
         pbar.set_description('Evaluating')
+
+        # Compute representations of nodes layer by layer, using *all*
+        # available edges. This leads to faster computation in contrast to
+        # immediately computing the final representations of each batch:
         for i, conv in enumerate(self.convs):
             xs = []
             for batch in subgraph_loader:
@@ -78,8 +82,8 @@ class SAGE(torch.nn.Module):
         return x_all
 
 
-model = SAGE(data.x.size(1), 256, data.num_classes)
-model = pyg_sar.nn.to_distributed(model).to(device)
+model = SAGE(data.num_features, 256, data.num_classes).to(device)
+model = pyg_sar.nn.to_distributed(model)
 pyg_sar.sync_params(model)
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 
@@ -95,8 +99,8 @@ def train(epoch):
         optimizer.zero_grad()
         y = batch.y[:batch.batch_size]
         y_hat = model(batch.x, batch.edge_index.to(device))[:batch.batch_size]
-        loss = F.cross_entropy(y_hat, y)
-        (loss * batch.batch_size / global_count(batch.batch_size)).backward()
+        loss = pyg_sar.global_mean(F.cross_entropy(y_hat, y), len(y))
+        loss.backward()
         pyg_sar.all_reduce_grads(model)
         optimizer.step()
 
@@ -105,10 +109,8 @@ def train(epoch):
         total_examples += batch.batch_size
         pbar.update(batch.batch_size)
     pbar.close()
-    total_loss, total_correct, total_examples = pyg_sar.comm.all_reduce(
-        torch.tensor([total_loss, total_correct, total_examples]).double(),
-        'sum').tolist()
-
+    total_loss, total_correct, total_examples = pyg_sar.global_totals(
+        total_loss, total_correct, total_examples)
     return total_loss / total_examples, total_correct / total_examples
 
 
@@ -120,14 +122,18 @@ def test():
 
     accs = []
     for mask in [data.train_mask, data.val_mask, data.test_mask]:
-        accs.append(global_count(y_hat[mask] == y[mask]) /
-                    global_count(mask))
+        accs.append(pyg_sar.global_count(y_hat[mask] == y[mask]) /
+                    pyg_sar.global_count(mask))
     return accs
 
 
+times = []
 for epoch in range(1, 11):
+    start = time.time()
     loss, acc = train(epoch)
     print(f'Epoch {epoch:02d}, Loss: {loss:.4f}, Approx. Train: {acc:.4f}')
     train_acc, val_acc, test_acc = test()
     print(f'Epoch: {epoch:02d}, Train: {train_acc:.4f}, Val: {val_acc:.4f}, '
           f'Test: {test_acc:.4f}')
+    times.append(time.time() - start)
+print(f"Median time per epoch: {torch.tensor(times).median():.4f}s")

@@ -330,8 +330,8 @@ PUBLIC_API = {
     'pyg_sar': [
         'partition_graph', 'load_partition', 'Partition', 'HeteroPartition',
         'init_distributed', 'sync_params', 'all_reduce_grads', 'comm_stats',
-        'reset_comm_stats', 'global_count', 'configure', 'PeerError',
-        'DistGraph', 'HeteroDistGraph', 'comm', 'nn', 'loader', 'train',
+        'reset_comm_stats', 'global_count', 'global_mean', 'global_totals',
+        'distribute', 'configure', 'PeerError', 'DistGraph', 'HeteroDistGraph', 'comm', 'nn', 'loader', 'train',
         'datasets', 'cli', 'link', 'checkpoint', '__version__'],
     'pyg_sar.utils': [],
     'pyg_sar.partition': [
@@ -342,8 +342,9 @@ PUBLIC_API = {
         'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
         'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
         'report_failure', 'barrier', 'all_reduce', 'broadcast_',
-        'all_gather_object', 'global_sum', 'global_count', 'sync_params',
-        'all_reduce_grads', 'ddp_sum_hook', 'ProcessGroupExchange'],
+        'all_gather_object', 'global_sum', 'global_mean', 'global_count',
+        'global_totals', 'sync_params', 'all_reduce_grads', 'ddp_sum_hook',
+        'ProcessGroupExchange'],
     'pyg_sar.graph': ['DistGraph', 'HeteroDistGraph'],
     'pyg_sar.nn': [
         'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
@@ -364,7 +365,7 @@ PUBLIC_API = {
         'inference'],
     'pyg_sar.datasets': [
         'load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
-        'random_planetoid_split', 'SYNTHETIC_DEFAULTS'],
+        'random_planetoid_split', 'SYNTHETIC_DEFAULTS', 'distribute'],
     'pyg_sar.cli': ['main', 'build_parser', 'register_command', 'COMMANDS'],
 }
 

@@ -11,7 +11,7 @@ The user's API (``__all__``): joining and leaving the process group
 (:func:`init_distributed`, :func:`shutdown`), the settings and counters
 (:func:`configure`, :func:`comm_stats`), the errors, the collectives a
 training script calls (:func:`all_reduce`, :func:`global_count`,
-:func:`global_sum`, ...), the model helpers (:func:`sync_params`,
+:func:`global_sum`, :func:`global_mean`, :func:`global_totals`, ...), the model helpers (:func:`sync_params`,
 :func:`all_reduce_grads`, :func:`ddp_sum_hook`) and the exchange of the
 partition writers (:class:`ProcessGroupExchange`).
 
@@ -57,7 +57,8 @@ from typing import Any
 
 from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
                                       barrier, broadcast_, global_count,
-                                      global_sum, shutdown)
+                                      global_mean, global_sum, global_totals,
+                                      shutdown)
 from pyg_sar.comm.errors import (PeerError, SettingsMismatchError,
                                  install_failure_hook, report_failure)
 from pyg_sar.comm.model import all_reduce_grads, ddp_sum_hook, sync_params
@@ -76,7 +77,8 @@ __all__ = [
     'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
     'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
     'report_failure', 'barrier', 'all_reduce', 'broadcast_',
-    'all_gather_object', 'global_sum', 'global_count', 'sync_params',
+    'all_gather_object', 'global_sum', 'global_mean', 'global_count',
+    'global_totals', 'sync_params',
     'all_reduce_grads', 'ddp_sum_hook', 'ProcessGroupExchange',
 ]
 

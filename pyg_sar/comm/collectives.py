@@ -1,6 +1,6 @@
 """Collectives: barrier, reductions, broadcast, gathers and the variable-size
-all-to-all, plus the differentiable :func:`global_sum` and
-:func:`global_count`.
+all-to-all, plus the differentiable :func:`global_sum`, :func:`global_mean` (a loss
+over the global batch), :func:`global_count` and :func:`global_totals`.
 
 Each one first keeps the ranks' operations paired
 (:func:`~pyg_sar.comm.sequence.before_operation`: free unless this rank left
@@ -120,6 +120,54 @@ def global_sum(t: Tensor) -> Tensor:
     worker) it returns a copy of ``t``.
     """
     return _GlobalSum.apply(t)
+
+
+def global_mean(local_mean: Tensor, count) -> Tensor:
+    """The mean over the global batch, from this rank's mean over its
+    ``count`` items (e.g. ``F.cross_entropy(out, y)`` over
+    ``batch.batch_size`` seeds).
+
+    The value is the global mean, the same on every rank (what one process
+    prints for the whole batch); its gradient is this rank's share,
+    ``count / global count`` times that of ``local_mean``, so that after
+    :func:`~pyg_sar.all_reduce_grads` every parameter holds the gradient
+    of the global mean, as one process computes it. A rank with
+    ``count == 0`` (whose mean is NaN) contributes nothing. A collective:
+    every rank calls it, in the same order.
+    """
+    count = int(count)
+    if count < 0:
+        raise ValueError(f"global_mean: count must be >= 0 (got {count})")
+    if not isinstance(local_mean, Tensor) or local_mean.numel() != 1:
+        raise ValueError(f"global_mean: expected a one-element loss tensor "
+                         f"(got {type(local_mean).__name__} of shape "
+                         f"{tuple(getattr(local_mean, 'shape', ()))})")
+    if count == 0:  # no items here: no value, no gradient
+        local_mean = torch.where(torch.isnan(local_mean),
+                                 torch.zeros_like(local_mean), local_mean)
+    totals = torch.tensor([float(local_mean.detach()) * count, count],
+                          dtype=torch.float64)
+    total, n = all_reduce(totals, 'sum').tolist()
+    if n == 0:
+        return local_mean * 0.0
+    share = local_mean * (count / n)
+    return share + (total / n - share.detach()).to(share.dtype)
+
+
+def global_totals(*values):
+    """``values`` (Python numbers) each summed over all ranks, in one
+    collective; integers stay integers. ``a, b = global_totals(a, b)``
+    turns per-rank running sums (loss, correct, examples) into the global
+    ones every rank then prints."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"global_totals: expected Python ints or floats "
+                            f"(got {type(v).__name__})")
+    out = all_reduce(torch.tensor([float(v) for v in values],
+                                  dtype=torch.float64), 'sum').tolist()
+    result = tuple(int(round(t)) if isinstance(v, int) else t
+                   for v, t in zip(values, out))
+    return result[0] if len(result) == 1 else result
 
 
 def all_gather_object(obj) -> List:

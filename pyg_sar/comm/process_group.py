@@ -210,6 +210,11 @@ def _restart_store(timeout: timedelta):
     return dist.PrefixStore(f'pyg_sar/restart-{restart}', store)
 
 
+def is_joined() -> bool:
+    """Whether this worker has joined a process group (of any size)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def is_active() -> bool:
     """Whether this worker is in a process group of more than one rank
     (otherwise every operation is a local no-op)."""

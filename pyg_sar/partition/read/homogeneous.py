@@ -90,6 +90,13 @@ class Partition:
         return self.manifest.get('num_classes')
 
     @property
+    def num_features(self) -> int:
+        r"""The width of the node features :obj:`x` (:obj:`0` without
+        them), as PyG's :obj:`Data.num_features`."""
+        x = self.node_attrs.get('x')
+        return 0 if x is None else (1 if x.dim() == 1 else int(x.size(-1)))
+
+    @property
     def num_local_nodes(self) -> int:
         return self.node_ids.numel()
 
