@@ -373,3 +373,28 @@ def test_matches_pyg_hgt_loader(one_part):
         for e in data.edge_types:
             assert torch.equal(a[e].e_id.sort().values,
                                b[e].e_id.sort().values)
+
+
+def test_transforms(one_part):
+    from torch_geometric.sampler import HeteroSamplerOutput
+    data, part = one_part
+    outs = []
+
+    def keep(out):
+        outs.append(out)
+        return out
+    plain = list(DistHGTLoader(part, SMALL, PAPER, batch_size=8, seed=4))
+    def tag(batch):
+        batch.tag = 1
+        return batch
+    # PyG's order: input_nodes, is_sorted, transform,
+    # transform_sampler_output.
+    seen = list(DistHGTLoader(part, SMALL, PAPER, False, tag, keep,
+                              batch_size=8, seed=4))
+    _same_batches(plain, seen)
+    assert all(b.tag == 1 for b in seen)
+    assert len(outs) == len(plain)
+    for out, batch in zip(outs, plain):
+        assert isinstance(out, HeteroSamplerOutput)
+        assert out.num_sampled_nodes is None  # as PyG's HGTSampler
+        assert torch.equal(out.metadata[0], batch[PAPER].input_id)
