@@ -358,7 +358,7 @@ PUBLIC_API = {
     'pyg_sar.loader': [
         'DistNeighborLoader', 'DistHeteroNeighborLoader',
         'DistLinkNeighborLoader', 'DistHeteroLinkNeighborLoader',
-        'sample_neighbors'],
+        'DistHGTLoader', 'sample_neighbors'],
     'pyg_sar.train': [
         'train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
         'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog',

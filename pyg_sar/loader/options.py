@@ -35,6 +35,10 @@ PYG_NODE_ORDER = ('master_addr', 'master_port', 'current_ctx', 'input_nodes',
                   'disjoint', 'temporal_strategy', 'time_attr', 'transform',
                   'concurrency', 'num_rpc_threads', 'filter_per_worker',
                   'async_sampling', 'device')
+# PyG's HGTLoader positional order (2.8), after (data, num_samples); PyG has
+# no distributed HGTLoader, so this is its one order.
+HGT_ORDER = ('input_nodes', 'is_sorted', 'transform',
+             'transform_sampler_output', 'filter_per_worker')
 PYG_LINK_ORDER = ('master_addr', 'master_port', 'current_ctx',
                   'edge_label_index', 'edge_label', 'edge_label_time',
                   'dist_sampler', 'replace', 'subgraph_type', 'disjoint',
@@ -186,7 +190,8 @@ def _check_unsupported(name: str, options: Dict[str, Any]) -> None:
     if subgraph not in _SUBGRAPH_TYPES:
         raise ValueError(f"{name}: subgraph_type={subgraph!r} is not "
                          f"supported (expected one of {_SUBGRAPH_TYPES})")
-    options['subgraph_type'] = subgraph
+    if 'subgraph_type' in options:  # a loader without it refuses it
+        options['subgraph_type'] = subgraph
     for key in _NO_EFFECT:
         options.pop(key, None)
 
@@ -330,6 +335,40 @@ def typed_num_neighbors(num_neighbors: Any, edge_types: List[EdgeType]
     return {e: out[e] for e in edge_types}
 
 
+def typed_num_samples(num_samples: Any, node_types: List[str]
+                      ) -> Dict[str, List[int]]:
+    """HGT's nodes to sample per iteration for every node type, from a list
+    (the same for every type) or a dict ``{node type: list}`` naming every
+    node type, all lists as long (the number of iterations)."""
+    if not isinstance(num_samples, dict):
+        if not isinstance(num_samples, (list, tuple)):
+            raise TypeError(f"'num_samples' must be a list of ints (nodes per "
+                            f"iteration) or a dict node type -> list (got "
+                            f"{type(num_samples).__name__})")
+        num_samples = {t: num_samples for t in node_types}
+    unknown = [t for t in num_samples if t not in node_types]
+    missing = [t for t in node_types if t not in num_samples]
+    if unknown or missing:
+        raise ValueError(f"'num_samples' must give every node type a list "
+                         f"(node types: {node_types}; unknown: {unknown}, "
+                         f"missing: {missing})")
+    out: Dict[str, List[int]] = {}
+    for t in node_types:
+        values = num_samples[t]
+        if not isinstance(values, (list, tuple)) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 0
+                for n in values):
+            raise ValueError(f"'num_samples[{t!r}]' must be a list of ints "
+                             f">= 0, one per iteration (got {values!r})")
+        out[t] = [int(n) for n in values]
+    lengths = {len(v) for v in out.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"'num_samples' must give every node type the same "
+                         f"number of iterations (got lengths "
+                         f"{sorted(lengths)})")
+    return out
+
+
 def count_batches_and_seed(loader: Any, seed: Optional[int],
                            generator: Any, counts: List[int]) -> None:
     """Sets ``loader.num_batches`` (this rank's batches),
@@ -391,10 +430,13 @@ def agree_with_peers(shard: Any, options: Dict[str, Any], num_inputs: int,
 
 
 def constructor_signature(cls: type, order: Sequence[str],
-                          pyg_order: Sequence[str]) -> inspect.Signature:
+                          pyg_order: Sequence[str],
+                          second: str = 'num_neighbors'
+                          ) -> inspect.Signature:
     """The signature ``help()`` and the docs show for a loader class.
 
-    The loaders take ``(data, num_neighbors, *args, **kwargs)`` because they
+    The loaders take ``(data, num_neighbors, *args, **kwargs)`` (``second``
+    names ``num_neighbors``: HGT's ``num_samples``) because they
     accept two positional orders (pyg_sar's ``order`` and PyG's
     ``pyg_order``, see :func:`resolve`) and ``__new__`` picks the
     heterogeneous loader for a heterogeneous part. This is pyg_sar's order
@@ -414,7 +456,7 @@ def constructor_signature(cls: type, order: Sequence[str],
 
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     return inspect.Signature(
-        [param(name, positional) for name in ('data', 'num_neighbors')]
+        [param(name, positional) for name in ('data', second)]
         + [param(name, positional) for name in order]
         + [param(name, inspect.Parameter.KEYWORD_ONLY)
            for name in accepted if name not in order])

@@ -8,7 +8,8 @@ hop, shared by all seeds (:mod:`~pyg_sar.loader.sampling.neighborhood`) or
 one subtree per seed (:mod:`~pyg_sar.loader.sampling.disjoint`); induced
 subgraphs add every edge between the sampled nodes
 (:mod:`~pyg_sar.loader.sampling.induced`); link batches draw negatives
-(:mod:`~pyg_sar.loader.sampling.negatives`). What works on a graph takes
+(:mod:`~pyg_sar.loader.sampling.negatives`); HGT batches grow by
+HGSampling's budgets (:mod:`~pyg_sar.loader.sampling.hgt`). What works on a graph takes
 node and edge types, a homogeneous graph being the one-type case, so the
 homogeneous and heterogeneous loaders share it.
 """
