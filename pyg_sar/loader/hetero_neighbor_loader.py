@@ -84,7 +84,8 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             or the type's dataset ids, as PyG takes them (every rank keeps
             those it owns); a mask over the part's nodes of the type (e.g.
             ``part['paper'].train_mask``) works too. ``input_id`` is the
-            seeds' positions in it, as in PyG.
+            seeds' positions in the ids (for a mask, the seeds' ids), as
+            in PyG.
         others: Every other argument (PyG's order and keywords,
             balancing, ``num_workers``, ``transform_sampler_output`` (given
             a :class:`~torch_geometric.sampler.HeteroSamplerOutput` in
@@ -220,6 +221,9 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             raise TypeError(f"'input_nodes' of type {node_type!r} must be a "
                             f"boolean mask or a tensor of node ids (got "
                             f"{type(nodes).__name__})")
+        # PyG: a mask's input_id is the seeds' node ids (mask.nonzero()).
+        self.input_is_mask = isinstance(nodes, Tensor) and \
+            nodes.dtype == torch.bool
         seeds, positions = input_seeds(
             nodes, shard.node_start, shard.num_local_nodes, shard.num_nodes,
             shard.orig_ids, self.ids, self.rank, repr(node_type),

@@ -87,10 +87,11 @@ class DistNeighborLoader:
       partition written before pyg_sar recorded them gives no ``e_id``);
       with ``ids='partition'`` (and PyG's stores, which carry no dataset
       ids) both are the partition's relabelled ids instead;
-    - ``input_id``: the seeds' positions in :obj:`input_nodes` (for a mask,
-      in ``input_nodes.nonzero()``; for ``None``, the dataset ids), as in
-      PyG (for a mask over a part or ``ids='partition'`` ids: in the input
-      of the rank that was given the seed, which balancing may move);
+    - ``input_id``: the seeds' positions in :obj:`input_nodes` (for a mask
+      or ``None``, the seeds' ids, as PyG's ``input_id =
+      mask.nonzero()``), as in PyG (for ``ids='partition'`` ids: in the
+      input of the rank that was given the seed, which balancing may
+      move);
       ``batch_size``;
     - ``num_sampled_nodes`` (per hop, seeds first) and ``num_sampled_edges``
       (per hop).
@@ -318,6 +319,9 @@ class DistNeighborLoader:
                             f"tensor of node ids (got "
                             f"{type(input_nodes).__name__})")
 
+        # PyG: a mask's input_id is the seeds' node ids (mask.nonzero()).
+        self.input_is_mask = isinstance(input_nodes, Tensor) and \
+            input_nodes.dtype == torch.bool
         def owner(bad: int) -> str:
             return (f'rank {int(shard.owner(torch.tensor([bad]))[0])}'
                     if 0 <= bad < shard.num_nodes else 'no rank')

@@ -7,8 +7,8 @@ PyG's scripts pass the whole graph's ``data.train_mask`` (or dataset node
 ids) to ``NeighborLoader``; every rank may pass the same tensor and keeps
 the seeds it owns, found through its part's ``orig_ids`` (the dataset ids
 of its nodes), without a map over the whole graph. ``input_id`` of a batch
-is the seeds' positions in that input (for a mask: in
-``mask.nonzero()``), as in PyG.
+is the seeds' positions in that input (for a mask: the seeds' ids, PyG's
+``mask.nonzero()``; the batch builders put them in), as in PyG.
 """
 from __future__ import annotations
 

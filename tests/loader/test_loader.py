@@ -163,7 +163,10 @@ def _check_batch(batch, ref, fanouts, input_nodes, replace=False):
     n_id, row, col = batch.n_id, batch.edge_index[0], batch.edge_index[1]
     bs = batch.batch_size
     assert n_id.unique().numel() == n_id.numel()
-    assert torch.equal(n_id[:bs], input_nodes[batch.input_id])
+    # A mask's input_id is the seeds' ids (PyG's mask.nonzero()); ids' are
+    # their positions in the ids.
+    assert torch.equal(n_id[:bs], batch.input_id if input_nodes is None
+                       else input_nodes[batch.input_id])
     # Every sampled edge exists, flowing from neighbor to target.
     assert torch.equal(ref['src'][batch.e_id], n_id[row])
     assert torch.equal(ref['dst'][batch.e_id], n_id[col])
@@ -210,7 +213,7 @@ def _distributed_checks(rank, world_size, root):
     input_nodes = mask.nonzero().view(-1) + int(part.node_ptr[rank])
     seeds, first_epoch = [], []
     for batch in loader:
-        _check_batch(batch, ref, FANOUTS, input_nodes)
+        _check_batch(batch, ref, FANOUTS, None)  # a mask
         seeds.append(batch.n_id[:batch.batch_size])
         first_epoch.append(batch.n_id)
     report['seeds'] = torch.cat(seeds) if seeds else torch.empty(0)

@@ -60,7 +60,9 @@ def _seeds(loader, data, inputs):
     for batch in loader:
         _check(batch, data)
         seeds = batch.n_id[:batch.batch_size]
-        assert torch.equal(inputs[batch.input_id], seeds)
+        # A mask's (inputs None) input_id is the seeds' ids, as in PyG.
+        assert torch.equal(batch.input_id if inputs is None else
+                           inputs[batch.input_id], seeds)
         out.append(seeds)
     return out
 
@@ -73,7 +75,7 @@ def _node_worker(rank, world_size, root, data):
     mask = data.train_mask | data.val_mask
     loader = DistNeighborLoader(part, FANOUTS, input_nodes=mask,
                                 batch_size=5, shuffle=True, seed=3)
-    batches = _seeds(loader, data, mask.nonzero().view(-1))
+    batches = _seeds(loader, data, None)
     report['mask'] = torch.cat(batches)
     report['sizes'] = [b.numel() for b in batches]
     assert len(batches) == len(loader) == loader.num_batches
@@ -273,7 +275,7 @@ def _hetero_worker(rank, world_size, root, data):
                                 batch[dst].n_id[batch[e].edge_index[1]]])
             assert torch.equal(data[e].edge_index[:, batch[e].e_id], ends)
         bs = batch[PAPER].batch_size
-        assert torch.equal(mask.nonzero().view(-1)[batch[PAPER].input_id],
+        assert torch.equal(batch[PAPER].input_id,  # a mask's: the seeds
                            batch[PAPER].n_id[:bs])
         seeds.append(batch[PAPER].n_id[:bs])
     # transform_sampler_output on a HeteroSamplerOutput (partition ids):
@@ -281,7 +283,8 @@ def _hetero_worker(rank, world_size, root, data):
     seen = []
 
     def halve_cites(out):
-        seen.append(out.metadata[0])
+        seen.append((out.metadata[0],
+                     out.node[PAPER][:out.metadata[0].numel()]))
         keep = torch.arange(0, out.row[CITES].numel(), 2)
         for name in ('row', 'col', 'edge'):
             getattr(out, name)[CITES] = getattr(out, name)[CITES][keep]
@@ -290,7 +293,11 @@ def _hetero_worker(rank, world_size, root, data):
     for batch in DistNeighborLoader(part, [3, 2], (PAPER, mask),
                                     batch_size=4, seed=2,
                                     transform_sampler_output=halve_cites):
-        assert torch.equal(seen[-1], batch[PAPER].input_id)
+        # A mask's input_id: the seeds' ids (partition ids in the sampler
+        # output the transform sees, dataset ids in the batch).
+        assert torch.equal(*seen[-1])
+        bs = batch[PAPER].batch_size
+        assert torch.equal(batch[PAPER].input_id, batch[PAPER].n_id[:bs])
         ends = torch.stack([batch[PAPER].n_id[batch[CITES].edge_index[0]],
                             batch[PAPER].n_id[batch[CITES].edge_index[1]]])
         assert torch.equal(data[CITES].edge_index[:, batch[CITES].e_id],

@@ -15,6 +15,16 @@ from pyg_sar.loader.sampling.induced import induced_edges
 from pyg_sar.loader.shards.base import EDGE, NODE
 
 
+def seed_ids(loader, input_id: Tensor, seeds: Tensor) -> Tensor:
+    """A batch's ``input_id``: the seeds' positions in the loader's input
+    or, for a mask (PyG's ``input_id = mask.nonzero()``), the seeds' ids
+    (``seeds``: partition ids here, what ``transform_sampler_output`` is
+    given; made the user's ids once the attributes are fetched)."""
+    if getattr(loader, 'input_is_mask', False):
+        return seeds
+    return loader.input_positions[input_id]
+
+
 def data_batch(loader, n_id: Tensor, edge_index: Tensor, e_id: Tensor,
                input_id: Tensor, batch_size: int,
                num_sampled_nodes: List[int], num_sampled_edges: List[int],
@@ -36,7 +46,7 @@ def data_batch(loader, n_id: Tensor, edge_index: Tensor, e_id: Tensor,
             x[EDGE] for x in induced_edges(loader.shard, {NODE: n_id}, marks,
                                            loader.world_size, loader.rank))
         del counts['num_sampled_edges']  # edges are not per hop here
-    input_id = loader.input_positions[input_id]
+    input_id = seed_ids(loader, input_id, n_id[:batch_size])
     # The edges whose attributes are fetched, and their destinations.
     sampled_eid, edge_dst = e_id, n_id[edge_index[1]]
     if loader.bidirectional:
@@ -58,6 +68,8 @@ def data_batch(loader, n_id: Tensor, edge_index: Tensor, e_id: Tensor,
     if ORIG_ID in node_values:  # ids='dataset'
         n_id = node_values.pop(ORIG_ID)
         e_id = edge_values.pop(ORIG_EID, None)  # none recorded: no e_id
+    if getattr(loader, 'input_is_mask', False):
+        input_id = n_id[:batch_size]  # the seeds' ids, made the user's
     ids = dict(n_id=n_id) if e_id is None else dict(n_id=n_id, e_id=e_id)
     return Data(edge_index=edge_index, **ids, input_id=input_id,
                 batch_size=batch_size, **extra, **counts, **node_values,

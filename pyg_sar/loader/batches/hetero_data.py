@@ -12,6 +12,7 @@ from torch_geometric.data import HeteroData
 
 from pyg_sar.loader.batches.attributes import (ORIG_EID, ORIG_ID,
                                                fetch_attributes, rows_of)
+from pyg_sar.loader.batches.data import seed_ids
 from pyg_sar.loader.sampling.induced import induced_edges
 
 
@@ -36,7 +37,9 @@ def hetero_batch(loader, n_id: Dict[str, Tensor],
         edge_index, e_id = induced_edges(loader.shard, n_id, marks,
                                          loader.world_size, loader.rank)
         num_sampled_edges = None
-    input_id = loader.input_positions[input_id]
+    input_id = seed_ids(loader, input_id,
+                        n_id[input_type][:int(input_id.numel())]
+                        if isinstance(input_type, str) else None)
     sampled_eid = dict(e_id)
     edge_dst = {e: n_id[e[2]][v[1]] for e, v in edge_index.items()}
     e_ids: Dict[Tuple, Optional[Tensor]] = dict(e_id)
@@ -60,6 +63,9 @@ def hetero_batch(loader, n_id: Dict[str, Tensor],
         n_id = {t: node_values[t].pop(ORIG_ID) for t in n_id}
         e_ids = {e: edge_values[e].pop(ORIG_EID, None) if e_ids.get(e)
                  is not None else None for e in loader.shard.edge_types}
+    if isinstance(input_type, str) and getattr(loader, 'input_is_mask',
+                                               False):
+        input_id = n_id[input_type][:int(input_id.numel())]  # user's ids
     data = HeteroData()
     for t in loader.shard.node_types:
         store = data[t]
