@@ -10,7 +10,8 @@ mean over the global batch (:func:`pyg_sar.global_mean`, gradients summed by
 :func:`pyg_sar.all_reduce_grads`) and the printed loss and accuracy are
 totals over all workers (:func:`pyg_sar.global_totals`). OGB-MAG's papers
 become DBLP's authors (4 classes, the dataset's split); conferences have no
-features in DBLP and get a constant one.
+features in DBLP and get a constant one. ``--use_hgt_loader`` samples with
+:class:`pyg_sar.loader.DistHGTLoader` (PyG's ``HGTLoader`` arguments).
 
     torchrun --nproc-per-node 2 --local-ranks-filter 0 \\
         examples/to_hetero_dblp.py
@@ -55,11 +56,11 @@ if not args.use_hgt_loader:
     val_loader = NeighborLoader(data, num_neighbors=[10] * 2,
                                 input_nodes=val_input_nodes, **kwargs)
 else:
-    train_loader = pyg_sar.loader.DistHGTLoader(
-        data, num_samples=[1024] * 4, shuffle=True,
-        input_nodes=train_input_nodes, **kwargs)
-    val_loader = pyg_sar.loader.DistHGTLoader(
-        data, num_samples=[1024] * 4, input_nodes=val_input_nodes, **kwargs)
+    HGTLoader = pyg_sar.loader.DistHGTLoader
+    train_loader = HGTLoader(data, num_samples=[1024] * 4, shuffle=True,
+                             input_nodes=train_input_nodes, **kwargs)
+    val_loader = HGTLoader(data, num_samples=[1024] * 4,
+                           input_nodes=val_input_nodes, **kwargs)
 
 model = Sequential('x, edge_index', [
     (SAGEConv((-1, -1), 64), 'x, edge_index -> x'),
