@@ -128,21 +128,30 @@ def _worker(rank, world_size, script):
             'state': _state(model)}
 
 
-@pytest.mark.parametrize('world_size', [2, 3])
-def test_to_hetero_mag_port_as_one_process(world_size, tmp_path):
+@pytest.fixture(scope='module')
+def root(tmp_path_factory):
+    """``examples/to_hetero_dblp.py`` (one epoch) and a copy of DBLP next to
+    it, shared by the world sizes (PyG processes DBLP once; the partitions
+    of each world size have folders of their own)."""
     if not osp.isdir(DATA):
         pytest.skip(f'DBLP not found in {osp.dirname(DATA)}')
-    shutil.copytree(DATA, tmp_path / 'data' / 'DBLP')
-    (tmp_path / 'examples').mkdir()
+    root = tmp_path_factory.mktemp('to_hetero_dblp')
+    shutil.copytree(DATA, root / 'data' / 'DBLP')
+    (root / 'examples').mkdir()
     source = open(SCRIPT).read()
     assert source.count(EPOCHS) == 1
-    script = str(tmp_path / 'examples' / 'to_hetero_dblp.py')
-    with open(script, 'w') as f:
+    with open(root / 'examples' / 'to_hetero_dblp.py', 'w') as f:
         f.write(source.replace(EPOCHS, 'for epoch in range(1, 2):'))
+    return root
+
+
+@pytest.mark.parametrize('world_size', [2, 3])
+def test_to_hetero_mag_port_as_one_process(world_size, root):
+    script = str(root / 'examples' / 'to_hetero_dblp.py')
     results = run_workers(_worker, world_size, script, timeout_s=180)
 
     from torch_geometric.datasets import DBLP
-    author = DBLP(str(tmp_path / 'data' / 'DBLP'))[0]['author']
+    author = DBLP(str(root / 'data' / 'DBLP'))[0]['author']
 
     # Initial weights: rank 0's, materialized (lazy shapes known) before
     # the broadcast.
