@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 import torch_geometric.transforms as T
 from torch_geometric.datasets import DBLP
+from pyg_sar.loader import DistHGTLoader as HGTLoader
 from pyg_sar.loader import DistNeighborLoader as NeighborLoader
 from torch_geometric.nn import Linear, SAGEConv, Sequential, to_hetero
 
@@ -56,7 +57,6 @@ if not args.use_hgt_loader:
     val_loader = NeighborLoader(data, num_neighbors=[10] * 2,
                                 input_nodes=val_input_nodes, **kwargs)
 else:
-    HGTLoader = pyg_sar.loader.DistHGTLoader
     train_loader = HGTLoader(data, num_samples=[1024] * 4, shuffle=True,
                              input_nodes=train_input_nodes, **kwargs)
     val_loader = HGTLoader(data, num_samples=[1024] * 4,

@@ -3,7 +3,8 @@ ported, on DBLP) run whole in 2 and 3 workers, then checked piece by piece:
 
 * the lazy parameters are materialized before :func:`pyg_sar.sync_params`,
   and every worker starts from rank 0's initial weights;
-* every worker takes the same number of optimizer steps, one per global
+* with PyG's NeighborLoader or, ``--use_hgt_loader``, its HGTLoader:
+  every worker takes the same number of optimizer steps, one per global
   batch, and the workers' training seeds together are exactly DBLP's
   training authors; the loss ``train()`` returns is the same everywhere;
 * all workers end with the same weights;
@@ -68,7 +69,7 @@ def _logits(model, batches):
         :b['author'].batch_size] for b in batches]
 
 
-def _worker(rank, world_size, script):
+def _worker(rank, world_size, script, options):
     sync = {}
     sync_params = pyg_sar.sync_params
 
@@ -80,7 +81,7 @@ def _worker(rank, world_size, script):
     pyg_sar.sync_params = recording_sync
     # See the module docstring.
     sys.modules['to_hetero_dblp'] = types.ModuleType('to_hetero_dblp')
-    sys.argv = [script]
+    sys.argv = [script, *options]
     try:
         g = runpy.run_path(script, run_name='__main__')  # the whole script
     finally:
@@ -145,10 +146,12 @@ def root(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize('world_size', [2, 3])
-def test_to_hetero_mag_port_as_one_process(world_size, root):
+@pytest.mark.parametrize('world_size,options', [
+    (2, []), (3, []), (2, ['--use_hgt_loader'])])
+def test_to_hetero_mag_port_as_one_process(world_size, options, root):
     script = str(root / 'examples' / 'to_hetero_dblp.py')
-    results = run_workers(_worker, world_size, script, timeout_s=180)
+    results = run_workers(_worker, world_size, script, options,
+                          timeout_s=180)
 
     from torch_geometric.datasets import DBLP
     author = DBLP(str(root / 'data' / 'DBLP'))[0]['author']
