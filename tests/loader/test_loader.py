@@ -98,8 +98,6 @@ def test_bad_input_raises_clear_errors(small_parts):
                            ids='partition')
     with pytest.raises(ValueError, match=r"outside \[0, 120\) \(the dataset"):
         DistNeighborLoader(part, [2], input_nodes=torch.tensor([3, 500]))
-    with pytest.raises(ValueError, match='duplicate'):
-        DistNeighborLoader(part, [2], input_nodes=torch.tensor([3, 3]))
     with pytest.raises(TypeError, match='integer tensor of node ids'):
         DistNeighborLoader(part, [2], input_nodes=torch.tensor([1.0]))
     with pytest.raises(ValueError, match=r"num_neighbors\[1\]"):
