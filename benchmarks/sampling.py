@@ -27,7 +27,7 @@ table.
 
     python benchmarks/sampling.py
     python benchmarks/sampling.py --num-nodes 200000 --num-batches 20 \\
-        --num-warmup 3 --world-sizes 1 2 --num-workers 0 1 --rounds 4
+        --num-warmup 3 --world-sizes 1 2 --num-workers 0 1 --rounds 3
 
 The committed results come from the second call, run in a virtual
 environment with torch_sparse built from source for the baseline (pyg_sar
