@@ -5,7 +5,8 @@
 renders one section of ``benchmarks/results/device_check.json`` (the output
 of ``benchmarks/device_check.py``) as a table, so the page shows the last
 committed run and cannot drift from it. A section the run did not reach
-says so. ``.. pyg-sar-scaling::`` does the same for ``scaling.json``.
+says so. ``.. pyg-sar-scaling::`` does the same for ``scaling.json``,
+``.. pyg-sar-sampling::`` for ``sampling.json``.
 """
 from __future__ import annotations
 
@@ -184,6 +185,47 @@ class Scaling(SphinxDirective):
                                      source=path)
 
 
+class Sampling(SphinxDirective):
+    """``.. pyg-sar-sampling::``: ``benchmarks/results/sampling.json``
+    (``benchmarks/sampling.py``) as a table, with the run's graph,
+    machine, load and PyG baseline."""
+
+    def run(self):
+        path = os.path.join(RESULTS, 'sampling.json')
+        self.env.note_dependency(path)
+        with open(path) as f:
+            result = json.load(f)
+        rows = []
+        for r in result['results']:
+            ratios = r.get('ratios_per_round')
+            rows.append([r['name'], _num(r['seeds_per_s_per_process']),
+                         f"{r['nodes_per_seed']:.1f}",
+                         f"{r['edges_per_seed']:.1f}",
+                         _num(r.get('ratio_to_pyg'), 2),
+                         ', '.join(f'{x:.2f}' for x in ratios)
+                         if ratios else '-'])
+        baseline = (f"PyG's sampler: ``{result['baseline_backend']}``"
+                    if result['baseline_available'] else
+                    f"PyG baseline not run: {result['baseline_reason']}")
+        lines = [
+            f"{result['num_nodes']:,} nodes, {result['num_edges']:,} edges, "
+            f"fanouts ``{result['fanouts']}``, batches of "
+            f"{result['batch_size']:,} seeds ({result['num_batches']} timed "
+            f"per process after {result['num_warmup']}), "
+            f"{result['threads_per_process']} thread per process, "
+            f"{result['cpu_count']} CPU cores, torch {result['torch']}, "
+            f"PyG {result['pyg']}; {baseline}. Medians of "
+            f"{result['rounds']} interleaved rounds; load average "
+            f"{result['load_average_before'][0]} before, "
+            f"{result['load_average_after'][0]} after"
+            + (f"; {result['note']}" if result.get('note') else '') + '.',
+            ''] + _table(['loader', 'seeds/s per process', 'nodes per seed',
+                          'edges per seed', 'vs PyG (median)',
+                          'vs PyG per round'], rows)
+        return nested_parse_to_nodes(self.state, StringList(lines),
+                                     source=path)
+
+
 class TestCount(SphinxDirective):
     """``.. pyg-sar-test-count::``: how many tests the suite has and how
     many are quick (not marked ``slow``), counted by pytest's own
@@ -218,4 +260,5 @@ def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_directive('pyg-sar-test-count', TestCount)
     app.add_directive('pyg-sar-device-check', DeviceCheck)
     app.add_directive('pyg-sar-scaling', Scaling)
+    app.add_directive('pyg-sar-sampling', Sampling)
     return {'parallel_read_safe': True}

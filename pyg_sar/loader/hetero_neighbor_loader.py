@@ -82,7 +82,7 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
             (every node of it) or with a boolean mask over the whole
             graph's nodes of the type (e.g. ``data['paper'].train_mask``)
             or the type's dataset ids, as PyG takes them (every rank keeps
-            those it owns); a mask over the part's nodes of the type (e.g.
+            those it owns; a repeated id is a seed at every occurrence); a mask over the part's nodes of the type (e.g.
             ``part['paper'].train_mask``) works too. ``input_id`` is the
             seeds' positions in the ids (for a mask, the seeds' ids), as
             in PyG.
@@ -270,7 +270,7 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                             *sample[3:])
 
     def _sample_typed(self, seeds: Dict[str, Tensor]):
-        """Samples the neighborhoods of the distinct ``seeds`` of one or
+        """Samples the neighborhoods of the ``seeds`` of one or
         more node types (collective); returns ``(n_id, edge_index, e_id,
         num_sampled_nodes, num_sampled_edges)`` per type."""
         return grow(seeds, self.batch_ids, self.shard.edge_types,

@@ -140,9 +140,9 @@ class DistNeighborLoader:
             in-edges per hop (``fanout`` when :obj:`replace`).
         input_nodes (Tensor, optional): Seeds, as PyG takes them: a boolean
             mask over the whole graph (e.g. ``data.train_mask``, the same on
-            every rank) or dataset node ids (any rank's, each at most
-            once); every rank keeps the seeds it owns (then balancing moves
-            the surplus). A mask over the part's nodes (e.g.
+            every rank) or dataset node ids (any rank's; a repeated id is
+            a seed at every occurrence, as in PyG); every rank keeps the
+            seeds it owns (then balancing moves the surplus). A mask over the part's nodes (e.g.
             ``part.train_mask``) works too; where the two lengths coincide
             (one part), a mask that is one of the part's own attributes is
             read in the part's order, any other in the dataset's. With

@@ -51,7 +51,8 @@ def input_seeds(nodes: Any, start: int, count: int, num_nodes: int,
     whole graph in dataset order (length ``num_nodes``) or over this rank's
     ``count`` local nodes (e.g. ``part.train_mask``), or integer ids
     (``mode``: dataset ids, any rank's, each rank keeping its own; or
-    partition ids this rank owns). A mask whose length is both (one part
+    partition ids this rank owns; a repeated id is a seed at each of its
+    positions, as in PyG). A mask whose length is both (one part
     holds every node) is a local mask when it shares memory with one of
     ``local_attrs`` (the part's node attributes) or ``mode`` is
     ``'partition'``, else a mask in dataset order; the two agree when the
@@ -91,10 +92,7 @@ def input_seeds(nodes: Any, start: int, count: int, num_nodes: int,
     if nodes.is_floating_point() or nodes.is_complex():
         raise TypeError(f"'input_nodes' must be a boolean mask or an "
                         f"integer tensor of node ids (got {nodes.dtype})")
-    ids = nodes.to(torch.long)
-    if torch.unique(ids).numel() != ids.numel():
-        raise ValueError("'input_nodes' holds duplicate ids; every seed "
-                         "must appear at most once per epoch")
+    ids = nodes.to(torch.long)  # repeats are seeds each, as in PyG
     if dataset:
         bad = (ids < 0) | (ids >= num_nodes)
         if bool(bad.any()):

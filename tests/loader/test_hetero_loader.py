@@ -352,8 +352,6 @@ def test_hetero_errors_are_clear(one_part):
         (dict(input_nodes=mask), ValueError, 'node type'),
         (dict(input_nodes=('venue', mask)), ValueError, "'venue'"),
         (dict(input_nodes=(PAPER, mask[:3])), ValueError, 'mask has length'),
-        (dict(input_nodes=(PAPER, torch.tensor([1, 1]))), ValueError,
-         'duplicate'),
         (dict(input_nodes=(PAPER, torch.tensor([10**6]))), ValueError,
          'not owned by rank 0'),
         # (the sampling options: tests/loader/test_hetero_loader_parity.py)

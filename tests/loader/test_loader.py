@@ -77,6 +77,18 @@ def test_kernel_reproducible():
     assert torch.equal(out[0][1], out[1][1])
 
 
+def test_edge_rows_of_consecutive_and_permuted_edge_ids():
+    """An edge id's attribute row: an offset when a part's ids are
+    consecutive in CSC order (pyg_sar's), else found by search."""
+    from pyg_sar.loader.shards.base import EdgeShard
+    ptr, src = torch.tensor([0, 2, 4]), torch.tensor([1, 0, 0, 1])
+    asked = torch.tensor([6, 8, 5, 6, 7])
+    for eid in (torch.tensor([5, 6, 7, 8]), torch.tensor([7, 5, 8, 6])):
+        shard = EdgeShard(ptr, src, eid, {})
+        assert torch.equal(eid[shard.edge_rows(asked)], asked)
+        assert (shard._eid_start is None) == (eid[0] == 7)
+
+
 # Input validation (one process, no process group) ###########################
 
 @pytest.fixture(scope='module')
@@ -98,8 +110,6 @@ def test_bad_input_raises_clear_errors(small_parts):
                            ids='partition')
     with pytest.raises(ValueError, match=r"outside \[0, 120\) \(the dataset"):
         DistNeighborLoader(part, [2], input_nodes=torch.tensor([3, 500]))
-    with pytest.raises(ValueError, match='duplicate'):
-        DistNeighborLoader(part, [2], input_nodes=torch.tensor([3, 3]))
     with pytest.raises(TypeError, match='integer tensor of node ids'):
         DistNeighborLoader(part, [2], input_nodes=torch.tensor([1.0]))
     with pytest.raises(ValueError, match=r"num_neighbors\[1\]"):

@@ -361,3 +361,119 @@ def test_uneven_opt_in_names_pad_batches_when_it_fails(parts):
                       expect_errors=True)
     assert out[1][0] == 'error' and 'pad_batches=False' in out[1][1]
     assert 'rank 0: 2, rank 1: 1' in out[1][1]
+
+
+# Repeated seeds ##############################################################
+
+def _first_rows(n_id):
+    """For every row of ``n_id``, the first row holding the same id."""
+    first = {}
+    for i, v in enumerate(n_id.tolist()):
+        first.setdefault(v, i)
+    return torch.tensor([first[v] for v in n_id.tolist()], dtype=torch.long)
+
+
+def _check_repeated(n_id, edge_index, bs, hop0_edges, in_degree, fanout,
+                    sources_of=None):
+    """PyG's layout with repeated seeds: every occurrence is a row of the
+    seeds; the rows after them are distinct and none of them a seed; every
+    occurrence gets its own hop-1 edges (``min(in-degree, fanout)`` each);
+    an edge from a repeated node comes from its first row."""
+    seeds, rest = n_id[:bs], n_id[bs:]
+    assert rest.unique().numel() == rest.numel()
+    assert not bool(torch.isin(rest, seeds).any())
+    col = edge_index[1][:hop0_edges]
+    assert torch.equal(torch.bincount(col, minlength=bs)[:bs],
+                       in_degree[seeds].clamp(max=fanout))
+    src_ids = n_id if sources_of is None else sources_of
+    assert torch.equal(edge_index[0], _first_rows(src_ids)[edge_index[0]])
+
+
+def _repeated_worker(rank, world_size, root, data, inputs):
+    part = load_partition(root, rank)
+    in_degree = torch.bincount(data.edge_index[1], minlength=data.num_nodes)
+    out = {}
+    # Directional, balanced (the default), and induced without balancing
+    # (every occurrence then stays with the rank that owns it).
+    for name, kwargs in (('directional', {}),
+                         ('induced', dict(subgraph_type='induced',
+                                          pad_batches=False))):
+        loader = DistNeighborLoader(part, FANOUTS, input_nodes=inputs,
+                                    batch_size=4, seed=3, **kwargs)
+        input_ids = []
+        for batch in loader:
+            _check(batch, data)
+            bs = batch.batch_size
+            assert torch.equal(batch.n_id[:bs], inputs[batch.input_id])
+            if name == 'directional':
+                _check_repeated(batch.n_id, batch.edge_index, bs,
+                                batch.num_sampled_edges[0], in_degree,
+                                FANOUTS[0])
+            else:  # every in-edge between batch nodes, at every row
+                first = _first_rows(batch.n_id)
+                assert torch.equal(batch.edge_index[0],
+                                   first[batch.edge_index[0]])
+                inside = torch.isin(data.edge_index[0], batch.n_id)
+                want = torch.bincount(data.edge_index[1][inside],
+                                      minlength=data.num_nodes)[batch.n_id]
+                assert torch.equal(torch.bincount(
+                    batch.edge_index[1], minlength=batch.n_id.numel()), want)
+                assert bool(torch.isin(batch.n_id[:bs], part.orig_ids).all())
+            input_ids.append(batch.input_id)
+        out[name] = torch.cat(input_ids)
+    return out
+
+
+@pytest.mark.parametrize('world_size', [1, 2, 3])
+def test_repeated_input_nodes_are_seeds_at_every_occurrence(parts,
+                                                            world_size):
+    """PyG's NeighborLoader takes ``input_nodes`` with repeated ids: each
+    occurrence is a seed (its own row, own ``input_id``)."""
+    data, roots = parts
+    # Repeats of a self-loop node (8), an isolated node (140) and others.
+    inputs = torch.tensor([8, 17, 8, 140, 17, 8, 3, 99, 140, 3, 60])
+    reports = run_workers(_repeated_worker, world_size, roots[world_size],
+                          data, inputs, timeout_s=90)
+    for name in ('directional', 'induced'):
+        input_ids = torch.cat([r[name] for r in reports])
+        assert torch.equal(input_ids.sort().values, torch.arange(11))
+        if world_size == 1:  # PyG's batches: chunks of the inputs in order
+            assert torch.equal(reports[0][name], torch.arange(11))
+
+
+def _repeated_hetero_worker(rank, world_size, root, data, inputs):
+    part = load_partition(root, rank)
+    loader = DistNeighborLoader(part, [3, 2], (PAPER, inputs), batch_size=4,
+                                seed=1)
+    input_ids = []
+    for batch in loader:
+        bs = batch[PAPER].batch_size
+        assert torch.equal(batch[PAPER].n_id[:bs],
+                           inputs[batch[PAPER].input_id])
+        for t in batch.node_types:
+            assert torch.equal(data[t].x[batch[t].n_id], batch[t].x)
+        for e in (CITES, WRITES):
+            ends = torch.stack([batch[e[0]].n_id[batch[e].edge_index[0]],
+                                batch[PAPER].n_id[batch[e].edge_index[1]]])
+            assert torch.equal(data[e].edge_index[:, batch[e].e_id], ends)
+            in_degree = torch.bincount(data[e].edge_index[1],
+                                       minlength=data[PAPER].num_nodes)
+            _check_repeated(batch[PAPER].n_id, batch[e].edge_index, bs,
+                            batch[e].num_sampled_edges[0], in_degree, 3,
+                            sources_of=batch[e[0]].n_id)
+        input_ids.append(batch[PAPER].input_id)
+    return torch.cat(input_ids)
+
+
+@pytest.mark.parametrize('world_size', [1, 3])
+def test_hetero_repeated_input_nodes(tmp_path, world_size):
+    data = hard_hetero(seed=5)
+    root = str(tmp_path / f'h{world_size}')
+    partition_graph(data, world_size, root, progress=False)
+    # Paper 5 has no citations in, 9 a self loop.
+    inputs = torch.tensor([9, 5, 9, 30, 5, 9, 12])
+    reports = run_workers(_repeated_hetero_worker, world_size, root, data,
+                          inputs, timeout_s=90)
+    assert torch.equal(torch.cat(reports).sort().values, torch.arange(7))
+    if world_size == 1:
+        assert torch.equal(reports[0], torch.arange(7))

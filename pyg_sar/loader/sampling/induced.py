@@ -29,10 +29,14 @@ def _serve(csc_ptr: Tensor, csc_src: Tensor, csc_eid: Tensor, start: int,
     from ``sources`` to ``targets`` (a peer's batch, positions in it) that
     end at the nodes ``start .. start + count - 1`` this rank owns, whose
     in-edges are the CSC ``csc_ptr``/``csc_src``/``csc_eid``. ``mark`` is a
-    scratch map over the source ids, all ``-1``, restored here."""
+    scratch map over the source ids, all ``-1``, restored here. A repeated
+    target (a repeated seed) gets its in-edges at every position."""
     if targets.numel() == 0 or sources.numel() == 0:
         return torch.empty(3, 0, dtype=torch.long)
-    mark[sources] = torch.arange(sources.numel(), dtype=torch.int32)
+    # A repeated source (a repeated seed) is its first row, as in PyG.
+    mark[sources] = torch.iinfo(torch.int32).max
+    mark.scatter_reduce_(0, sources, torch.arange(sources.numel(),
+                                                  dtype=torch.int32), 'amin')
     try:
         owned = ((targets >= start) &
                  (targets < start + count)).nonzero().view(-1)

@@ -40,10 +40,17 @@ class BatchIds:
         self.parts: List[Tensor] = []
         self.count = 0
 
-    def put(self, ids: Tensor) -> None:
-        """Numbers the distinct ``ids`` (none in the batch yet) next."""
-        self.index[ids] = torch.arange(self.count, self.count + ids.numel(),
-                                       dtype=torch.int32)
+    def put(self, ids: Tensor, repeats: bool = False) -> None:
+        """Numbers the ``ids`` (none in the batch yet) next, distinct
+        unless ``repeats`` (a batch's seeds: every occurrence gets its own
+        row, an id maps to its first, as PyG's samplers map it)."""
+        rows = torch.arange(self.count, self.count + ids.numel(),
+                            dtype=torch.int32)
+        if repeats:
+            self.index[ids] = _INT32_MAX
+            self.index.scatter_reduce_(0, ids, rows, reduce='amin')
+        else:
+            self.index[ids] = rows
         self.count += ids.numel()
         self.parts.append(ids)
 
@@ -90,16 +97,20 @@ def first_seen_absent(ids: Tensor, index: Tensor,
 
 def grow(seeds: Dict[str, Tensor], ids: Dict[str, BatchIds],
          edge_types: Sequence[EdgeType], num_hops: int, hop: Hop):
-    """Samples the neighborhoods of the distinct ``seeds`` of one or more
-    node types over ``num_hops`` hops (``hop``: one collective hop), with
-    the batch-local ids of ``ids`` (one per node type, clean; clean
-    again on return). Returns ``(n_id, edge_index, e_id,
+    """Samples the neighborhoods of the ``seeds`` of one or more node types
+    over ``num_hops`` hops (``hop``: one collective hop), with the
+    batch-local ids of ``ids`` (one per node type, clean; clean again on
+    return). As in PyG, a repeated seed is a row of its own, sampled
+    independently in the first hop. Returns ``(n_id, edge_index, e_id,
     num_sampled_nodes, num_sampled_edges)`` per type."""
     empty = torch.empty(0, dtype=torch.long)
     node_types = list(ids)
     for t, t_seeds in seeds.items():
-        ids[t].put(t_seeds)
+        ids[t].put(t_seeds, repeats=True)
     num_sampled_nodes = {t: [ids[t].count] for t in node_types}
+    # The batch-local id of every hop's first target, per type: targets are
+    # rows by position (a repeated seed's edges go to its own row).
+    start = {t: 0 for t in node_types}
     num_sampled_edges: Dict[EdgeType, List[int]] = {e: [] for e in
                                                     edge_types}
     rows: Dict[EdgeType, List[Tensor]] = {e: [] for e in edge_types}
@@ -112,13 +123,15 @@ def grow(seeds: Dict[str, Tensor], ids: Dict[str, BatchIds],
             new: Dict[str, List[Tensor]] = {t: [] for t in node_types}
             for e in edge_types:
                 src, _, dst = e
-                targets, sources, edge_ids, _ = sampled[e]
+                targets, sources, edge_ids, counts = sampled[e]
                 new[src].append(ids[src].add(sources))
                 rows[e].append(ids[src].local(sources))
-                cols[e].append(ids[dst].local(targets))
+                cols[e].append(start[dst] + torch.repeat_interleave(
+                    counts, output_size=targets.numel()))
                 e_ids[e].append(edge_ids)
                 num_sampled_edges[e].append(edge_ids.numel())
             for t in node_types:
+                start[t] += frontier[t].numel()
                 frontier[t] = torch.cat(new[t]) if new[t] else empty
                 num_sampled_nodes[t].append(frontier[t].numel())
     finally:

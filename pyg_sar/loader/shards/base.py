@@ -57,12 +57,23 @@ class EdgeShard:
         # partition records none: homogeneous parts, PyG's stores).
         self.orig_eids = None if orig_eids is None else \
             orig_eids.to(torch.long)
+        # How edge ids find their rows, set at the first lookup: the first
+        # id when the ids are consecutive in CSC order (a pyg_sar part's
+        # are: a row is an offset), else the sorted ids and their rows.
+        self._eid_start: Optional[int] = None
         self._eid_sorted: Optional[Tuple[Tensor, Tensor]] = None
 
     def edge_rows(self, edge_ids: Tensor) -> Tensor:
         """CSC positions (edge-attribute rows) of local edge ids."""
-        if self._eid_sorted is None:
-            self._eid_sorted = torch.sort(self.csc_eid)
+        if self._eid_start is None and self._eid_sorted is None:
+            eid = self.csc_eid
+            start = int(eid[0]) if eid.numel() else 0
+            if bool((eid == torch.arange(start, start + eid.numel())).all()):
+                self._eid_start = start
+            else:
+                self._eid_sorted = torch.sort(eid)
+        if self._eid_start is not None:
+            return edge_ids - self._eid_start
         values, positions = self._eid_sorted
         return positions[torch.searchsorted(values, edge_ids)]
 
