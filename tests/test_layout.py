@@ -342,7 +342,8 @@ PUBLIC_API = {
         'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
         'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
         'report_failure', 'barrier', 'all_reduce', 'broadcast_',
-        'all_gather_object', 'global_sum', 'global_mean', 'global_count',
+        'all_gather_object', 'all_gather_by_id', 'global_sum', 'global_mean',
+        'global_count',
         'global_totals', 'sync_params', 'all_reduce_grads', 'ddp_sum_hook',
         'ProcessGroupExchange'],
     'pyg_sar.graph': ['DistGraph', 'HeteroDistGraph'],
@@ -362,7 +363,7 @@ PUBLIC_API = {
     'pyg_sar.train': [
         'train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
         'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog',
-        'inference'],
+        'inference', 'gather_nodes'],
     'pyg_sar.datasets': [
         'load', 'available', 'synthetic_graph', 'synthetic_hetero_graph',
         'random_planetoid_split', 'SYNTHETIC_DEFAULTS', 'distribute'],

@@ -11,7 +11,8 @@ The user's API (``__all__``): joining and leaving the process group
 (:func:`init_distributed`, :func:`shutdown`), the settings and counters
 (:func:`configure`, :func:`comm_stats`), the errors, the collectives a
 training script calls (:func:`all_reduce`, :func:`global_count`,
-:func:`global_sum`, :func:`global_mean`, :func:`global_totals`, ...), the model helpers (:func:`sync_params`,
+:func:`global_sum`, :func:`global_mean`, :func:`global_totals`,
+:func:`all_gather_by_id`, ...), the model helpers (:func:`sync_params`,
 :func:`all_reduce_grads`, :func:`ddp_sum_hook`) and the exchange of the
 partition writers (:class:`ProcessGroupExchange`).
 
@@ -31,8 +32,9 @@ Layout:
 - :mod:`~pyg_sar.comm.sequence`: what every operation does first so that
   the ranks' operations stay paired.
 - :mod:`~pyg_sar.comm.collectives`: :func:`barrier`, :func:`all_reduce`,
-  :func:`broadcast_`, :func:`all_gather_object`, :func:`global_sum`,
-  :func:`global_count`, and the variable-size all-to-all.
+  :func:`broadcast_`, :func:`all_gather_object`, :func:`all_gather_by_id`,
+  :func:`global_sum`, :func:`global_count`, and the variable-size
+  all-to-all.
 - :mod:`~pyg_sar.comm.p2p`: grouped point-to-point exchanges.
 - :mod:`~pyg_sar.comm.buffers`: the reuse of a propagation's exchange
   buffers.
@@ -55,8 +57,8 @@ package's internals.
 import importlib
 from typing import Any
 
-from pyg_sar.comm.collectives import (all_gather_object, all_reduce,
-                                      barrier, broadcast_, global_count,
+from pyg_sar.comm.collectives import (all_gather_by_id, all_gather_object,
+                                      all_reduce, barrier, broadcast_, global_count,
                                       global_mean, global_sum, global_totals,
                                       shutdown)
 from pyg_sar.comm.errors import (PeerError, SettingsMismatchError,
@@ -77,7 +79,7 @@ __all__ = [
     'shutdown', 'CommConfig', 'configure', 'config', 'comm_stats',
     'reset_comm_stats', 'PeerError', 'SettingsMismatchError',
     'report_failure', 'barrier', 'all_reduce', 'broadcast_',
-    'all_gather_object', 'global_sum', 'global_mean', 'global_count',
+    'all_gather_object', 'all_gather_by_id', 'global_sum', 'global_mean', 'global_count',
     'global_totals', 'sync_params',
     'all_reduce_grads', 'ddp_sum_hook', 'ProcessGroupExchange',
 ]

@@ -1,4 +1,5 @@
-"""Collectives: barrier, reductions, broadcast, gathers and the variable-size
+"""Collectives: barrier, reductions, broadcast, gathers (:func:`all_gather_by_id`:
+every rank's rows in the order of their ids) and the variable-size
 all-to-all, plus the differentiable :func:`global_sum`, :func:`global_mean` (a loss
 over the global batch), :func:`global_count` and :func:`global_totals`.
 
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pyg_sar.comm.agreement import gather_objects
+from pyg_sar.comm.agreement import agree, gather_objects
 from pyg_sar.comm.channels import channel_group
 from pyg_sar.comm.errors import timed_wait
 from pyg_sar.comm.process_group import (comm_device, destroy_groups,
@@ -176,6 +177,47 @@ def all_gather_object(obj) -> List:
         return [obj]
     before_operation()
     return gather_objects(obj, channel_group())
+
+
+def all_gather_by_id(rows: Tensor, ids: Tensor) -> Tensor:
+    """Every rank's ``rows``, ordered by their ``ids``, on every rank: the
+    tensor one process holds. With ``ids = part.orig_ids`` (the dataset ids
+    of this rank's nodes) and one row per local node, row ``i`` of the
+    result is dataset node ``i``'s, e.g. the whole graph's embeddings from
+    the rows :func:`pyg_sar.train.inference` returns; with the ids of some
+    rows (``part.orig_ids[mask]``), those rows in dataset-id order.
+
+    ``ids`` holds one integer per row of ``rows``, distinct over all ranks
+    (refused otherwise). A collective: every rank calls it, with any
+    number of rows, the same dtype and the same row shape (agreed first,
+    refused otherwise). Without a process group it sorts this rank's rows.
+    """
+    if not isinstance(rows, Tensor) or not isinstance(ids, Tensor) or \
+            rows.dim() == 0 or ids.dim() != 1 or \
+            ids.numel() != rows.size(0) or ids.is_floating_point() or \
+            ids.dtype == torch.bool:
+        raise ValueError(
+            f"all_gather_by_id: expected rows [n, ...] and n integer ids "
+            f"(got rows of shape {tuple(getattr(rows, 'shape', ()))} and ids "
+            f"of shape {tuple(getattr(ids, 'shape', ()))}, dtype "
+            f"{getattr(ids, 'dtype', type(ids).__name__)})")
+    ids = ids.long()
+    if is_active():
+        before_operation()
+        agree('gathering rows by id', {'dtype': str(rows.dtype),
+                                       'row shape': tuple(rows.shape[1:])})
+        world_size = get_world_size()
+        wire = rows.to(torch.uint8) if rows.dtype == torch.bool else rows
+        rows = torch.cat(all_to_all_v([wire.contiguous()] * world_size)
+                         ).to(rows.dtype)
+        ids = torch.cat(all_to_all_v([ids.contiguous()] * world_size))
+    ids, order = torch.sort(ids.to(rows.device), stable=True)
+    repeated = (ids[1:] == ids[:-1]).nonzero()
+    if repeated.numel():
+        raise ValueError(f"all_gather_by_id: id {int(ids[repeated[0, 0]])} "
+                         f"is held by more than one row (expected distinct "
+                         f"ids over all ranks)")
+    return rows[order]
 
 
 def all_to_all_v(tensors: Sequence[Tensor]) -> List[Tensor]:

@@ -11,16 +11,17 @@ intact one (the on-disk format: :mod:`~pyg_sar.train.checkpoint_format`; the
 checks before loading: :mod:`~pyg_sar.train.checkpoint_inspect`);
 :mod:`~pyg_sar.train.run_log` writes the per-epoch metrics and curves of a
 run; :func:`inference` is PyG's layer-wise inference over the
-``DistGraph`` (every layer once over all nodes, no loader);
+``DistGraph`` (every layer once over all nodes, no loader) and
+:func:`gather_nodes` the whole graph's rows of its output, by dataset id;
 :mod:`~pyg_sar.train.files` holds the atomic writes, content hashes and
 output-path checks they share.
 """
 from pyg_sar.train import checkpoint
-from pyg_sar.train.inference import inference
+from pyg_sar.train.inference import gather_nodes, inference
 from pyg_sar.train.loop import (GNN, MODELS, distributed_loss, evaluate,
                                 limit_heap_retention, resolve_device, train)
 from pyg_sar.train.run_log import RunLog
 
 __all__ = ['train', 'GNN', 'MODELS', 'distributed_loss', 'evaluate',
            'limit_heap_retention', 'resolve_device', 'checkpoint', 'RunLog',
-           'inference']
+           'inference', 'gather_nodes']

@@ -11,12 +11,19 @@ once per layer (per edge block of the SAR engine), so
 loader batches re-fetch the input features, and nothing is kept for a
 backward (the engine keeps its fetched rows and per-block graphs only for
 inputs that need a gradient).
+
+:func:`gather_nodes` puts per-rank rows (the output, labels, masks) back
+together in the dataset's node order, for an evaluation that needs the
+whole graph's rows in one place (e.g. a classifier fitted on embeddings).
 """
 from __future__ import annotations
 
 from typing import Any, Tuple, Union
 
 import torch
+from torch import Tensor
+
+from pyg_sar import comm
 
 
 def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
@@ -75,3 +82,48 @@ def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
     finally:
         model.train(was_training)
     return (out, ids) if return_ids else out
+
+
+def gather_nodes(data: Any, *tensors: Tensor):
+    r"""The whole graph's rows of per-node tensors, in dataset-id order, on
+    every rank: ``tensors`` hold one row per node of this rank
+    (:obj:`data.orig_ids` order: the rows of :func:`inference`, the
+    part's ``y`` and masks); row ``i`` of each result is dataset node
+    ``i``'s, as one process holds it.
+
+    .. code-block:: python
+
+       out = pyg_sar.train.inference(model, part.x, graph)
+       out, y, train_mask = pyg_sar.train.gather_nodes(
+           part, out, part.y, part.train_mask)
+       clf.fit(out[train_mask], y[train_mask])    # the whole graph's rows
+
+    Every rank ends up with the whole graph's rows (the memory of one
+    process), so gather what the evaluation needs only. A collective
+    (:func:`~pyg_sar.comm.all_gather_by_id`, one per tensor): every rank
+    calls it with the same number of tensors, dtypes and row shapes.
+
+    Args:
+        data (Partition or DistGraph): This rank's part (or its graph, or
+            one node type's store of a heterogeneous part): what holds
+            :obj:`orig_ids`, the dataset ids of this rank's nodes.
+        *tensors (Tensor): One row per node of this rank each.
+
+    Returns:
+        The gathered tensor, or a tuple of them for several.
+    """
+    ids = getattr(data, 'orig_ids', None)
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"gather_nodes: {type(data).__name__} holds no "
+                         f"dataset ids (orig_ids); pass a loaded partition "
+                         f"(one node type's store of a heterogeneous one) "
+                         f"or its DistGraph")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor) or t.dim() == 0 or \
+                t.size(0) != ids.numel():
+            raise ValueError(
+                f"gather_nodes: tensor {i} has shape "
+                f"{tuple(getattr(t, 'shape', ()))}; expected one row per "
+                f"node of this rank ({ids.numel()})")
+    out = tuple(comm.all_gather_by_id(t, ids) for t in tensors)
+    return out[0] if len(out) == 1 else out

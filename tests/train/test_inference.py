@@ -1,6 +1,7 @@
 """``pyg_sar.train.inference``: the converted model's forward over the
 ``DistGraph`` in eval mode without autograd, its mode restored, the rows'
-dataset ids on request; equal to the stock model over the whole graph.
+dataset ids on request; equal to the stock model over the whole graph;
+``gather_nodes`` puts the ranks' rows back together by dataset id.
 (Several ranks: tests/examples/test_sampling_full_infer_example.py.)"""
 import copy
 
@@ -37,3 +38,34 @@ def test_return_ids_needs_a_graph_with_ids():
 
     with pytest.raises(ValueError, match='holds no dataset ids'):
         inference(Model(), torch.ones(1), Bare(), return_ids=True)
+
+
+def _gather_worker(rank, world_size, root):
+    part = pyg_sar.load_partition(root, rank)
+    graph = pyg_sar.DistGraph(part)
+    x, y, mask = pyg_sar.train.gather_nodes(part, part.x, part.y,
+                                            part.train_mask)
+    return x, y, mask, pyg_sar.train.gather_nodes(graph, part.orig_ids)
+
+
+@pytest.mark.parametrize('world_size', [1, 2, 3])
+def test_gather_nodes_gives_the_whole_graph_by_dataset_id(world_size,
+                                                          tmp_path):
+    from _dist import run_workers
+    from _graphs import hard_graph
+    data = hard_graph()
+    pyg_sar.partition_graph(data, world_size, str(tmp_path), progress=False)
+    for x, y, mask, ids in run_workers(_gather_worker, world_size,
+                                       str(tmp_path)):
+        assert torch.equal(x, data.x) and torch.equal(y, data.y)
+        assert torch.equal(mask, data.train_mask)
+        assert torch.equal(ids, torch.arange(data.num_nodes))
+
+
+def test_gather_nodes_refuses_rows_that_are_not_this_ranks_nodes(hard_part):
+    from pyg_sar.train import gather_nodes
+    _, part = hard_part
+    with pytest.raises(ValueError, match='one row per node of this rank'):
+        gather_nodes(part, part.x[1:])
+    with pytest.raises(ValueError, match='holds no dataset ids'):
+        gather_nodes(object(), part.x)
