@@ -44,15 +44,13 @@ train_loader = LinkNeighborLoader(
     num_neighbors=[10, 10],
 )
 device = torch.device('cpu')
-graph = pyg_sar.DistGraph(data)  # for full-graph inference
 
 model = GraphSAGE(
-    data.num_features,
+    data.num_node_features,
     hidden_channels=64,
     num_layers=2,
 ).to(device)
-model = pyg_sar.nn.to_distributed(model)
-pyg_sar.sync_params(model)
+model = pyg_sar.sync_params(pyg_sar.nn.to_distributed(model))
 
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 
@@ -82,7 +80,7 @@ def train():
 @torch.no_grad()
 def test():
     model.eval()
-    out = pyg_sar.train.inference(model, data.x, graph)
+    out = pyg_sar.train.inference(model, data.x, data)  # the whole graph
     # The whole graph's rows, by dataset id, in every worker:
     out, y, train_mask, val_mask, test_mask = pyg_sar.train.gather_nodes(
         data, out, data.y, data.train_mask, data.val_mask, data.test_mask)

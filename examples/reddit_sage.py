@@ -42,7 +42,6 @@ data = pyg_sar.distribute(lambda: Coauthor(path, 'CS', transform=split)[0],
 kwargs = {'batch_size': 1024, 'num_workers': 6, 'persistent_workers': True}
 train_loader = NeighborLoader(data, input_nodes=data.train_mask,
                               num_neighbors=[25, 10], shuffle=True, **kwargs)
-graph = pyg_sar.DistGraph(data)  # for full-graph inference
 
 
 class SAGE(torch.nn.Module):
@@ -83,8 +82,7 @@ class SAGE(torch.nn.Module):
 
 
 model = SAGE(data.num_features, 256, data.num_classes).to(device)
-model = pyg_sar.nn.to_distributed(model)
-pyg_sar.sync_params(model)
+model = pyg_sar.sync_params(pyg_sar.nn.to_distributed(model))
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 
 
@@ -117,7 +115,7 @@ def train(epoch):
 @torch.no_grad()
 def test():
     model.eval()
-    y_hat = pyg_sar.train.inference(model, data.x, graph).argmax(dim=-1)
+    y_hat = pyg_sar.train.inference(model, data.x, data).argmax(dim=-1)
     y = data.y.to(y_hat.device)
 
     accs = []

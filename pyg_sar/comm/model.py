@@ -11,21 +11,24 @@ from pyg_sar.comm.state import STATS
 from pyg_sar.utils.layer_guard import guard_layers
 
 
-def sync_params(model: torch.nn.Module, src: int = 0) -> None:
+def sync_params(model: torch.nn.Module, src: int = 0) -> torch.nn.Module:
     """Broadcasts rank ``src``'s parameters and buffers to every rank, so all
     workers start from identical weights (a table sharded by the
     partition, flagged ``sar_sharded``, keeps each rank's own rows). Stock
     PyG layers left in the model refuse a :class:`~pyg_sar.DistGraph` with
     an error that names :func:`~pyg_sar.nn.to_distributed`
-    (:mod:`pyg_sar.utils.layer_guard`)."""
+    (:mod:`pyg_sar.utils.layer_guard`). Returns ``model``, so that
+    ``model = pyg_sar.sync_params(pyg_sar.nn.to_distributed(model))``
+    converts and synchronizes in one line."""
     guard_layers(model)
     if not is_active():
-        return
+        return model
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             if getattr(tensor, 'sar_sharded', False):
                 continue
             broadcast_(tensor.data, src)
+    return model
 
 
 def all_reduce_grads(model: torch.nn.Module) -> None:

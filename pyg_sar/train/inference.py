@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 
 from pyg_sar import comm
+from pyg_sar.graph import DistGraph
+from pyg_sar.partition import HeteroPartition, Partition
 
 
 def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
@@ -51,7 +53,11 @@ def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
             on sampled batches).
         x (Tensor or Dict[str, Tensor]): The features of this rank's
             nodes (``part.x``; ``x_dict`` for a heterogeneous graph).
-        graph (DistGraph or HeteroDistGraph): The distributed graph.
+        graph (DistGraph or HeteroDistGraph): The distributed graph, or
+            this rank's loaded part (:class:`~pyg_sar.Partition` or
+            :class:`~pyg_sar.HeteroPartition`): its
+            :class:`~pyg_sar.DistGraph` is then built on the first call
+            (a collective) and kept on the part for the next ones.
         *args (optional): Further positional arguments of the model's
             ``forward``.
         **kwargs (optional): Its keyword arguments (e.g.
@@ -65,6 +71,7 @@ def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
         The model's output at this rank's nodes, and with ``return_ids``
         the pair ``(output, ids)``.
     """
+    graph = graph_of(graph)
     ids = None
     if return_ids:
         ids = getattr(graph, 'orig_ids', None)
@@ -82,6 +89,18 @@ def inference(model: torch.nn.Module, x: Any, graph: Any, *args: Any,
     finally:
         model.train(was_training)
     return (out, ids) if return_ids else out
+
+
+def graph_of(graph: Any) -> Any:
+    """The :class:`~pyg_sar.DistGraph` to run a model on: ``graph``
+    itself, or for a loaded part the one built on it (on first use, every
+    rank at once; kept on the part)."""
+    if not isinstance(graph, (Partition, HeteroPartition)):
+        return graph
+    built = graph.__dict__.get('_inference_graph')
+    if built is None:
+        built = graph.__dict__['_inference_graph'] = DistGraph(graph)
+    return built
 
 
 def gather_nodes(data: Any, *tensors: Tensor):

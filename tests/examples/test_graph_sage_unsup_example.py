@@ -42,7 +42,7 @@ def _whole_graph(root):
 
 def _worker(rank, world_size, script):
     g = runpy.run_path(script, run_name='__main__')  # the whole script
-    model, data, graph = g['model'], g['data'], g['graph']
+    model, data = g['model'], g['data']
     loader, pairs, positions = g['train_loader'], [], []
 
     class Recording:  # the script's loader, its positive pairs recorded
@@ -67,7 +67,7 @@ def _worker(rank, world_size, script):
     hook = g['optimizer'].register_step_post_hook(lambda *_: steps.append(1))
     loss = g['train']()  # one more epoch, counting this worker's steps
     hook.remove()
-    embeddings, ids = pyg_sar.train.inference(model, data.x, graph,
+    embeddings, ids = pyg_sar.train.inference(model, data.x, data,
                                               return_ids=True)
     expected = None
     if rank == 0:  # the script's GraphSAGE, the same weights, whole graph

@@ -44,13 +44,13 @@ def _whole_graph(root):
 
 def _worker(rank, world_size, script):
     g = runpy.run_path(script, run_name='__main__')  # the whole script
-    model, data, graph = g['model'], g['data'], g['graph']
+    model, data = g['model'], g['data']
     steps = []
     model_hook = g['optimizer'].register_step_post_hook(
         lambda *_: steps.append(1))
     loss, _ = g['train'](2)  # one more epoch, counting this worker's steps
     model_hook.remove()
-    logits, ids = pyg_sar.train.inference(model, data.x, graph,
+    logits, ids = pyg_sar.train.inference(model, data.x, data,
                                           return_ids=True)
     loader = g['train_loader']
     expected = None

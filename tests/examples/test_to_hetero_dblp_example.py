@@ -77,6 +77,7 @@ def _worker(rank, world_size, script, options):
         sync['before'] = _state(model)
         sync_params(model, *args, **kwargs)
         sync['after'] = _state(model)
+        return model
 
     pyg_sar.sync_params = recording_sync
     # See the module docstring.

@@ -97,6 +97,11 @@ class Partition:
         return 0 if x is None else (1 if x.dim() == 1 else int(x.size(-1)))
 
     @property
+    def num_node_features(self) -> int:
+        r"""The same as :obj:`num_features`, as in PyG's :obj:`Data`."""
+        return self.num_features
+
+    @property
     def num_local_nodes(self) -> int:
         return self.node_ids.numel()
 
