@@ -349,8 +349,9 @@ PUBLIC_API = {
     'pyg_sar.graph': ['DistGraph', 'HeteroDistGraph'],
     'pyg_sar.nn': [
         'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
-        'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
-        'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv',
+        'GATConv', 'GATv2Conv', 'TransformerConv', 'BatchNorm',
+        'BatchNorm1d', 'GraphNorm', 'InstanceNorm', 'LayerNorm', 'PairNorm',
+        'DistDirGNNConv',
         'RGCNConv', 'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
         'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
         'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv',

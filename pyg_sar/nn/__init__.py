@@ -18,6 +18,7 @@ from pyg_sar.nn.conv.graph_conv import GraphConv
 from pyg_sar.nn.conv.gin_conv import GINConv
 from pyg_sar.nn.conv.gat_conv import GATConv
 from pyg_sar.nn.conv.gatv2_conv import GATv2Conv
+from pyg_sar.nn.conv.transformer_conv import TransformerConv
 from pyg_sar.nn.norm import (BatchNorm, BatchNorm1d, GraphNorm, InstanceNorm,
                              LayerNorm, PairNorm)
 from pyg_sar.nn.conv.dir_gnn_conv import DistDirGNNConv
@@ -35,8 +36,9 @@ from pyg_sar.nn.sign import sign_features
 
 __all__ = [
     'DistMessagePassing', 'SAGEConv', 'GCNConv', 'GraphConv', 'GINConv',
-    'GATConv', 'GATv2Conv', 'BatchNorm', 'BatchNorm1d', 'GraphNorm',
-    'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv', 'RGCNConv',
+    'GATConv', 'GATv2Conv', 'TransformerConv', 'BatchNorm', 'BatchNorm1d',
+    'GraphNorm', 'InstanceNorm', 'LayerNorm', 'PairNorm', 'DistDirGNNConv',
+    'RGCNConv',
     'FastRGCNConv', 'HeteroConv', 'HGTConv', 'GPSConv',
     'HANConv', 'HEATConv', 'RGATConv', 'AntiSymmetricConv', 'ChebConv',
     'DNAConv', 'EGConv', 'PDNConv', 'SignedConv', 'SuperGATConv', 'WLConv',

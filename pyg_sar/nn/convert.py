@@ -5,7 +5,8 @@ weights, dtype, device, ``requires_grad`` flags and training mode (the
 ``state_dict`` keys do not change, so it loads back into the stock model):
 
 * layers with a SAR-engine twin in :mod:`pyg_sar.nn` (``GCNConv``,
-  ``SAGEConv``, ``GraphConv``, ``GINConv``, ``GATConv``, ``GATv2Conv``):
+  ``SAGEConv``, ``GraphConv``, ``GINConv``, ``GATConv``, ``GATv2Conv``,
+  ``TransformerConv``, ...):
   replaced by the twin where it implements the layer's configuration
   exactly (:func:`_twin_fits`); otherwise (an ``Aggregation`` module, a
   list, learnable aggregation parameters, ``aggr_kwargs``, another flow,
@@ -51,6 +52,7 @@ from pyg_sar.nn.plain import mark_calls, register_stock
 from pyg_sar.nn.conv.hgt_conv import HGTConv
 from pyg_sar.nn.conv.rgcn_conv import FastRGCNConv, RGCNConv
 from pyg_sar.nn.conv.sage_conv import SAGEConv
+from pyg_sar.nn.conv.transformer_conv import TransformerConv
 from pyg_sar.utils.layer_guard import refuse_unconverted
 
 
@@ -102,6 +104,11 @@ _TWINS: Dict[Type, Tuple[Type, Callable[[Any], Dict[str, Any]]]] = {
     pyg_nn.FastRGCNConv: (FastRGCNConv, _rgcn_args),
     pyg_nn.GATv2Conv: (GATv2Conv, lambda m: dict(
         **_gat_args(m), share_weights=m.share_weights)),
+    pyg_nn.TransformerConv: (TransformerConv, lambda m: dict(
+        in_channels=m.in_channels, out_channels=m.out_channels,
+        heads=m.heads, concat=m.concat, beta=m.beta, dropout=m.dropout,
+        edge_dim=m.edge_dim, bias=m.lin_key.bias is not None,
+        root_weight=m.root_weight)),
 }
 for _stock, (_twin, _arguments) in _TWINS.items():
     register_stock(_twin, _stock, _arguments)
@@ -138,7 +145,7 @@ _MP_HOOKS = ('_propagate_forward_pre_hooks', '_propagate_forward_hooks',
 # Layers whose own forward is exact over whole neighborhoods (each one has
 # an exactness test in tests/nn/test_zoo_exact.py).
 ADAPTED = (
-    pyg_nn.GINEConv, pyg_nn.TransformerConv, pyg_nn.EdgeConv,
+    pyg_nn.GINEConv, pyg_nn.EdgeConv,
     pyg_nn.ResGatedGraphConv, pyg_nn.GENConv, pyg_nn.PNAConv,
     pyg_nn.LEConv, pyg_nn.ClusterGCNConv, pyg_nn.GeneralConv, pyg_nn.CGConv,
     pyg_nn.NNConv, pyg_nn.SimpleConv, pyg_nn.AGNNConv, pyg_nn.FeaStConv,

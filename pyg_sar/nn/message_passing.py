@@ -101,7 +101,9 @@ class DistMessagePassing(MessagePassing):
       softmax taken over all in-edges across workers, and
       ``attention_dropout`` applied to the probabilities. With
       ``message_is_identity`` (``message(x_j)`` returns ``x_j`` of shape
-      ``[N, H, C]``), values are aggregated by one sparse product per head
+      ``[N, H, C]``; a message with other arguments returns it when they
+      are all ``None``, e.g. ``message(x_j, edge_attr)`` called without
+      edge features), values are aggregated by one sparse product per head
       and never gathered per edge.
     """
 

@@ -74,7 +74,8 @@ def test_node_mixing_module_without_distributed_version_is_refused():
 
 @pytest.mark.parametrize('make', [
     lambda: pyg_nn.SAGEConv(6, 4),                     # engine twin
-    lambda: pyg_nn.TransformerConv(6, 2, heads=2),     # adapted
+    lambda: pyg_nn.TransformerConv(6, 2, heads=2),     # engine twin
+    lambda: pyg_nn.TransformerConv(6, 2, aggr='max'),  # adapted
     lambda: pyg_nn.GENConv(6, 4),                      # adapted + norm inside
 ])
 def test_conversion_keeps_dtype_frozen_params_and_state(make, hard_part):
@@ -203,6 +204,8 @@ AGGR_LAYERS = {
         train_eps=True, **kw),
     'GATConv': lambda kw: pyg_nn.GATConv(6, 4, heads=2, **kw),
     'GATv2Conv': lambda kw: pyg_nn.GATv2Conv(6, 4, heads=2, **kw),
+    'TransformerConv': lambda kw: pyg_nn.TransformerConv(6, 4, heads=2,
+                                                         **kw),
     'RGCNConv': lambda kw: pyg_nn.RGCNConv(6, 4, num_relations=2, **kw),
     'FastRGCNConv': lambda kw: pyg_nn.FastRGCNConv(6, 4, num_relations=2,
                                                    **kw),

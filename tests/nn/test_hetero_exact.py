@@ -37,7 +37,8 @@ RUNS = [('sar', None), ('sa', 7), ('one_shot', None), ('sar', 7)]
 
 class HeteroNet(torch.nn.Module):
     """Two HeteroConv layers over every relation (self loops on the
-    citations, bipartite attention, SAGE mean/max, GraphConv mean)."""
+    citations, bipartite attention (GAT, GATv2, TransformerConv), SAGE
+    mean/max, GraphConv mean)."""
 
     def __init__(self, edge_attr: bool = False) -> None:
         super().__init__()
@@ -53,7 +54,8 @@ class HeteroNet(torch.nn.Module):
         self.conv2 = nn.HeteroConv({
             CITES: nn.SAGEConv(8, 5),
             WRITES: nn.GATv2Conv((8, 8), 5, add_self_loops=False),
-            WRITTEN: nn.SAGEConv((8, 8), 5, aggr='sum'),
+            WRITTEN: nn.TransformerConv((8, 8), 5, heads=2, concat=False,
+                                        beta=True),
             OF: nn.GINConv(torch.nn.Linear(8, 5)),
         }, aggr='mean')
 
@@ -203,9 +205,16 @@ def block_run(request):
                                _worker, world_size, MODELS, timeout_s=120))
 
 
+def _tol(name: str):
+    # HeteroNet's dot-product attention (TransformerConv): float32 weight
+    # gradients summed over every destination, entries up to ~5, carry
+    # rounding relative to the tensor's largest entry.
+    return FLOAT32_SCALED if name.startswith('hetero_conv') else FLOAT32
+
+
 @pytest.mark.parametrize('name', MODELS)
 def test_hetero_model_matches_pyg(block_run, name):
-    report(_compare(block_run, name))
+    report(_compare(block_run, name, _tol(name)))
 
 
 @pytest.fixture(scope='module', params=[2, 3])
@@ -223,7 +232,7 @@ def metis_run(request, tmp_path_factory):
 
 @pytest.mark.parametrize('name', MODELS[:2])
 def test_hetero_model_matches_pyg_on_metis_parts(metis_run, name):
-    report(_compare(metis_run, name))
+    report(_compare(metis_run, name, _tol(name)))
 
 
 def _curve(model, x_dict, graph, ids, labels, train, count, reduce, total):

@@ -305,7 +305,8 @@ def _cast(source, dtype):
 
 
 class CurveNet(torch.nn.Module):
-    """Layers on the whole-neighborhood path and a graph-mode norm."""
+    """An engine twin (TransformerConv), a layer on the whole-neighborhood
+    path and a graph-mode norm."""
     def __init__(self):
         super().__init__()
         self.conv1 = pyg_nn.TransformerConv(C, 4, heads=2, edge_dim=3)

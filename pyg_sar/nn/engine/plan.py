@@ -134,12 +134,15 @@ def propagate(module, graph: DistGraph, kwargs: Dict[str, Any],
                  [], constants)
     if module.attention:
         plan.kind = 'attention'
+        # message_is_identity: message returns its one *_j argument when
+        # every other argument it reads is None in this call.
         message_args = sig.params['message']
-        if module.message_is_identity and len(message_args) == 1 and \
-                message_args[0].endswith('_j') and \
-                src_slots and tensors[src_slots[message_args[0][:-2]]
-                                      ].dim() == 3:
-            plan.value_source = message_args[0][:-2]
+        sources = [a for a in message_args if a.endswith('_j')]
+        if module.message_is_identity and len(sources) == 1 and all(
+                a in constants and constants[a] is None
+                for a in message_args if a not in sources) and \
+                tensors[src_slots[sources[0][:-2]]].dim() == 3:
+            plan.value_source = sources[0][:-2]
         plan.dropout = float(module.attention_dropout) \
             if module.training else 0.0
         if plan.dropout > 0:
