@@ -26,6 +26,13 @@ def test_inference_is_the_eval_forward_without_autograd(hard_part):
         ref = stock.eval()(data.x, data.edge_index)
     torch.testing.assert_close(out, ref[ids], rtol=1e-5, atol=1e-6)
     assert torch.equal(inference(model, part.x, graph), out)
+    # Given the part, the DistGraph is built once and kept on it.
+    assert torch.equal(inference(model, part.x, part), out)
+    kept = part.__dict__['_inference_graph']
+    assert isinstance(kept, pyg_sar.DistGraph)
+    assert torch.equal(inference(model, part.x, part), out)
+    assert part.__dict__['_inference_graph'] is kept
+    assert part.num_node_features == part.num_features == data.num_features
 
 
 def test_return_ids_needs_a_graph_with_ids():
