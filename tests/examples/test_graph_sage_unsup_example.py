@@ -135,7 +135,10 @@ def test_unsup_port_as_one_process(world_size, tmp_path):
         torch.testing.assert_close(rows, expected[data.train_mask],
                                    rtol=1e-4, atol=1e-5)
         assert torch.equal(labels, data.y[data.train_mask])
-        assert r['accs'] == pytest.approx(accs)
+        # The rows agree to float32 rounding (the workers sum in another
+        # order); a fit on them may move a node lying on the boundary: 2
+        # validation nodes of 500 at most.
+        assert r['accs'] == pytest.approx(accs, abs=0.004)
     # Above chance (1/7); training is not seeded and runs two epochs here,
     # so no higher bound holds in every run.
     assert accs[1] > 1 / 7
