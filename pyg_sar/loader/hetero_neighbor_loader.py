@@ -147,15 +147,7 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
                                input_time, temporal_strategy)
         self.weight_attr = weight_attr
         self.edge_weight = self._edge_weights(weight_attr)
-        self.rank = self.shard.rank
-        self.world_size = self.shard.num_parts
-        orig = [n.orig_ids for n in self.shard.nodes.values()]
-        self.ids = ids_mode(ids, None if any(o is None for o in orig)
-                            else orig[0] if orig else None)
-        fetch_plan(self, node_attrs)
-        self.input_type, self.input_nodes, self.input_positions = \
-            self._resolve_hetero_input(input_nodes)
-        check_world(self.shard)
+        self._setup_inputs(ids, node_attrs, input_nodes)
         counts = self._agree_with_peers()
         self.edge_time = self.seed_time = None
         if time_attr is not None:  # collective (node times of sources)
@@ -199,6 +191,21 @@ class DistHeteroNeighborLoader(DistNeighborLoader):
         for e in with_weight:
             weights[e] = edge_weight(shard.edges[e], weight_attr)
         return weights
+
+    def _setup_inputs(self, ids: Optional[str],
+                      node_attrs: Optional[List[str]],
+                      input_nodes: Any) -> None:
+        """Rank, ids mode, attribute fetch plan and this rank's seeds of
+        the input type (shared with :class:`~pyg_sar.loader.DistHGTLoader`)."""
+        self.rank = self.shard.rank
+        self.world_size = self.shard.num_parts
+        orig = [n.orig_ids for n in self.shard.nodes.values()]
+        self.ids = ids_mode(ids, None if any(o is None for o in orig)
+                            else orig[0] if orig else None)
+        fetch_plan(self, node_attrs)
+        self.input_type, self.input_nodes, self.input_positions = \
+            self._resolve_hetero_input(input_nodes)
+        check_world(self.shard)
 
     def _resolve_hetero_input(self, input_nodes: Any
                               ) -> Tuple[str, Tensor, Tensor]:

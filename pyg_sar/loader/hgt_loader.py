@@ -18,11 +18,10 @@ import torch
 from torch import Tensor
 from torch_geometric.data import HeteroData
 
-from pyg_sar.loader.batches.attributes import fetch_plan
 from pyg_sar.loader.batches.hetero_data import hetero_batch
 from pyg_sar.loader.hetero_neighbor_loader import DistHeteroNeighborLoader
 from pyg_sar.loader.options import (HGT_ORDER, agree_with_peers,
-                                    check_world, constructor_signature,
+                                    constructor_signature,
                                     count_batches_and_seed, resolve,
                                     store_batch_options,
                                     store_sampling_options,
@@ -30,7 +29,6 @@ from pyg_sar.loader.options import (HGT_ORDER, agree_with_peers,
 from pyg_sar.loader.sampling.hgt import hgt_sample, in_neighbors
 from pyg_sar.loader.sampling.neighborhood import BatchIds
 from pyg_sar.loader.sampling.temporal import pick_times
-from pyg_sar.loader.seeds import ids_mode
 from pyg_sar.loader.shards.base import schema
 from pyg_sar.loader.shards.hetero_shard import HeteroShard, to_hetero_shard
 from pyg_sar.loader.shards.stores import is_hetero
@@ -143,15 +141,7 @@ class DistHGTLoader(DistHeteroNeighborLoader):
         # The batch is the induced subgraph of the sampled nodes.
         store_sampling_options(self, 'induced', False, None, None,
                                'uniform')
-        self.rank = self.shard.rank
-        self.world_size = self.shard.num_parts
-        orig = [n.orig_ids for n in self.shard.nodes.values()]
-        self.ids = ids_mode(ids, None if any(o is None for o in orig)
-                            else orig[0] if orig else None)
-        fetch_plan(self, node_attrs)
-        self.input_type, self.input_nodes, self.input_positions = \
-            self._resolve_hetero_input(input_nodes)
-        check_world(self.shard)
+        self._setup_inputs(ids, node_attrs, input_nodes)
         # PyG's HGTLoader hands input_time to the batch as seed_time.
         self.seed_time = pick_times(input_time, self.input_positions)
         counts = self._agree_with_peers()
