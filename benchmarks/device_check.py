@@ -56,8 +56,8 @@ from _common import add_internal_args, reset_hwm, status_mib  # noqa: E402
 
 ROOT = osp.dirname(HERE)
 NUM_FEATURES, NUM_CLASSES, DEGREE, RELATIONS = 128, 16, 20, 4
-SECTIONS = ('layers', 'profile', 'autocast', 'budget', 'sharing', 'cpu',
-            'largest', 'exact')
+SECTIONS = ('layers', 'attention', 'profile', 'autocast', 'budget',
+            'sharing', 'cpu', 'largest', 'exact')
 
 
 # Models ######################################################################
@@ -98,6 +98,10 @@ def homogeneous_model(name: str, layers: int = 3) -> torch.nn.Module:
         return models.GAT(c, 128, layers, k, heads=4)
     if name == 'GATv2':
         return models.GAT(c, 128, layers, k, heads=4, v2=True)
+    if name == 'Transformer':
+        return Stack([nn.TransformerConv(c, 32, heads=4),
+                      nn.TransformerConv(128, 32, heads=4),
+                      nn.TransformerConv(128, k)][-layers:])
     if name == 'RGCN':
         return Stack([nn.RGCNConv(a, b, RELATIONS) for a, b in pairs(64)])
     if name == 'GEN':
@@ -381,6 +385,47 @@ def section_layers(args, device, work, clock) -> List[dict]:
             _say_layer(rows[-1])
         else:
             rows.append(dict(layer='HGT', sar=hetero, pyg=hetero))
+    return rows
+
+
+def section_attention(args, device, work, clock) -> List[dict]:
+    """The attention layers three ways: stock PyG, pyg_sar with its fused
+    kernels (the default where they apply) and pyg_sar with them turned off
+    (``PYG_SAR_FUSED=0``, the separate-operator path), and which path each
+    layer took."""
+    from pyg_sar.nn.engine import fused
+    graph = homogeneous(args.nodes, device, work)
+    rows = []
+    for name in ('GAT', 'GATv2', 'Transformer'):
+        if clock.left() < 20:
+            rows.append(dict(layer=name, skipped='time budget'))
+            continue
+        fused._SAID.clear()
+        row = side_by_side(
+            lambda impl: graph.run(name, impl, args.epochs,
+                                   max_s=clock.left() / 6),
+            layer=name, nodes=graph.num_nodes, edges=graph.num_edges)
+        row['paths'] = sorted(' '.join(map(str, said))
+                              for said in fused._SAID)
+        before = os.environ.get('PYG_SAR_FUSED')
+        os.environ['PYG_SAR_FUSED'] = '0'
+        try:
+            row['sar_unfused'] = guarded(lambda: graph.run(
+                name, 'sar', args.epochs, max_s=clock.left() / 6))
+        finally:
+            if before is None:
+                os.environ.pop('PYG_SAR_FUSED')
+            else:
+                os.environ['PYG_SAR_FUSED'] = before
+        unfused = row['sar_unfused']
+        if 'error' not in unfused and 'error' not in row['sar']:
+            row['fused_vs_unfused'] = row['sar']['epoch_s'] / \
+                unfused['epoch_s']
+        rows.append(row)
+        _say_layer(row)
+        print(f"             paths: {row['paths']}; unfused "
+              f"{unfused.get('error') or _fmt(unfused.get('epoch_s'), 's')}, "
+              f"{_fmt(unfused.get('peak_mib'), 'MiB')}", flush=True)
     return rows
 
 
@@ -772,6 +817,19 @@ def targets(result: dict) -> List[dict]:
             out.append(dict(target=f"{row['layer']}: same first loss",
                             value=row['loss_rel_diff'],
                             met=row['loss_rel_diff'] <= 1e-3))
+    for row in result.get('attention', []):
+        if row.get('layer') == 'GAT' and 'epoch_ratio' in row:
+            out.append(dict(target='GAT (fused): epoch <= 0.5x stock',
+                            value=row['epoch_ratio'],
+                            met=row['epoch_ratio'] <= 0.5))
+        if row.get('layer') == 'GAT' and 'memory_ratio' in row:
+            out.append(dict(target='GAT (fused): memory <= 0.15x stock',
+                            value=row['memory_ratio'],
+                            met=row['memory_ratio'] <= 0.15))
+        if 'loss_rel_diff' in row:
+            out.append(dict(target=f"{row['layer']} (attention section): "
+                            f"same first loss", value=row['loss_rel_diff'],
+                            met=row['loss_rel_diff'] <= 1e-3))
     for row in result.get('cpu_summary', []):
         if 'split_ratio' in row and row['workers'] > 1:
             out.append(dict(target=f"{row['model']}: {row['workers']} "
@@ -900,10 +958,11 @@ def main(args) -> int:
         result['seconds'] = {k: v for k, v in earlier.get(
             'seconds', {}).items() if k not in args.sections}
     clock = Clock(args.budget_s)
-    share = dict(layers=0.34, profile=0.08, autocast=0.07, budget=0.08,
+    share = dict(layers=0.34, attention=0.2, profile=0.08, autocast=0.07, budget=0.08,
                  sharing=0.12, cpu=0.20, largest=0.09, exact=0.10)
     run = [s for s in SECTIONS if s in args.sections]
-    fns = dict(layers=section_layers, profile=section_profile,
+    fns = dict(layers=section_layers, attention=section_attention,
+               profile=section_profile,
                autocast=section_autocast,
                budget=section_budget, sharing=section_sharing,
                cpu=section_cpu, largest=section_largest,

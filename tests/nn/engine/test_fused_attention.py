@@ -15,7 +15,7 @@ import torch_geometric.nn as pyg_nn
 
 import pyg_sar
 from pyg_sar import datasets
-from _dist import run_workers
+from _dist import run_workers, to_cpu
 from _exact import BY_DTYPE, close, mismatches, report
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,8 @@ def _run(conv, x, graph, edge_attr, rows):
     linear loss (``rows``: the global ids of the local nodes)."""
     x = x.clone().requires_grad_()
     out = conv(x, graph) if edge_attr is None else conv(x, graph, edge_attr)
-    (out * probe(NUM_NODES, out.shape[1], out.dtype)[rows]).sum().backward()
+    (out * probe(NUM_NODES, out.shape[1], out.dtype)[rows].to(out.device)
+     ).sum().backward()
     return (out.detach(), x.grad,
             {n: p.grad for n, p in conv.named_parameters()})
 
@@ -181,7 +182,8 @@ def test_fused_dropout_replays_the_unfused_masks(run, kind):
     report(failures)
 
 
-def _triton_worker(rank, world_size, root):
+def _triton_worker(rank, world_size, root, device='cpu',
+                   dtypes=(torch.float64, )):
     from pyg_sar.nn.engine import fused
     ran = []
     forward = fused.FusedAttentionAggregator.forward
@@ -192,14 +194,48 @@ def _triton_worker(rank, world_size, root):
     fused.FusedAttentionAggregator.forward = counted
     part = pyg_sar.load_partition(root, rank)
     # Chunked: blocks fold into the running max and sum chunk by chunk.
-    graph = pyg_sar.DistGraph(part, mode='sar', chunk_size=4 * CHUNK)
+    graph = pyg_sar.DistGraph(part, mode='sar', chunk_size=4 * CHUNK,
+                              device=device)
     results = {'ids': part.orig_ids}
-    for kind in ('gat_edge_mean', 'gatv2_edge_shared'):
-        conv = pyg_sar.nn.to_distributed(build(kind, 6, torch.float64))
-        results[kind] = _run(conv, part.x.double(), graph,
-                             part.edge_attr.double(), part.orig_ids)
+    for dtype in dtypes:
+        x, edge_attr = (t.to(device, dtype) for t in (part.x, part.edge_attr))
+        for kind in ('gat', 'gat_edge_mean', 'gatv2', 'gatv2_edge_shared'):
+            conv = pyg_sar.nn.to_distributed(build(kind, 6, dtype)).to(device)
+            out = _run(conv, x, graph, edge_attr if kind in EDGE else None,
+                       part.orig_ids)
+            results[(kind, dtype)] = to_cpu(out)
     results['ran'] = sorted(set(ran))
     return results
+
+
+def _check_triton(data, results, dtypes, what):
+    ids = [r['ids'] for r in results]
+    failures = []
+    for r in results:
+        assert r['ran'] == ['pyg_sar.nn.engine.kernels.gpu'], r['ran']
+    for dtype in dtypes:
+        for kind in ('gat', 'gat_edge_mean', 'gatv2', 'gatv2_edge_shared'):
+            failures += mismatches(f'{kind} {dtype} {what}', ids,
+                                   [r[(kind, dtype)] for r in results],
+                                   _reference(data, kind, dtype),
+                                   BY_DTYPE[dtype])
+    report(failures)
+
+
+@pytest.mark.parametrize('world_size', [1, 2, 3])
+def test_triton_kernels_in_the_engine_on_cuda(tmp_path, world_size):
+    """The compiled Triton kernels inside the engine on a GPU (ranks share
+    it over gloo), chunked, float32 and float64, against single-process
+    PyG on the CPU (skipped without a GPU; the GPU check runs it)."""
+    from pyg_sar.nn.engine import kernels
+    if not torch.cuda.is_available() or not kernels.triton_available():
+        pytest.skip('needs a CUDA device and triton (the GPU check runs it)')
+    data = graph_data()
+    pyg_sar.partition_graph(data, world_size, str(tmp_path))
+    dtypes = (torch.float32, torch.float64)
+    results = run_workers(_triton_worker, world_size, str(tmp_path), 'cuda',
+                          dtypes, timeout_s=300)
+    _check_triton(data, results, dtypes, f'cuda world={world_size}')
 
 
 def test_triton_kernels_in_the_engine_interpreted(tmp_path, monkeypatch):
@@ -216,13 +252,4 @@ def test_triton_kernels_in_the_engine_interpreted(tmp_path, monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     monkeypatch.setenv('PYG_SAR_FUSED', 'triton')
     results = run_workers(_triton_worker, 2, str(tmp_path), timeout_s=300)
-    ids = [r['ids'] for r in results]
-    failures = []
-    for r in results:
-        assert r['ran'] == ['pyg_sar.nn.engine.kernels.gpu'], r['ran']
-    for kind in ('gat_edge_mean', 'gatv2_edge_shared'):
-        failures += mismatches(f'{kind} triton world=2', ids,
-                               [r[kind] for r in results],
-                               _reference(data, kind, torch.float64),
-                               BY_DTYPE[torch.float64])
-    report(failures)
+    _check_triton(data, results, (torch.float64, ), 'triton world=2')

@@ -47,7 +47,8 @@ def _logits(kind, s_src, s_dst, att, edge, src, dst):
     return (torch.nn.functional.leaky_relu(pre, SLOPE) * att).sum(-1)
 
 
-def run_case(impl, kind, with_edge, with_mask, index_dtype):
+def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
+    """The reference runs on the CPU; the kernels on ``device``."""
     gen = torch.Generator().manual_seed(0)
     num_src, num_dst, heads, ch, num_edges = 9, 8, 2, 5, 40
     dt = torch.float64
@@ -84,6 +85,11 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype):
     ref.backward(grad_out)
 
     # Kernels: two chunks over the same rows (two blocks), folded in turn.
+    on = lambda t: None if t is None else t.to(device)  # noqa: E731
+    s_src, s_dst, value, edge, att, mask, grad_out = map(on, (
+        s_src, s_dst, value, edge, att, mask, grad_out))
+    if kind == 'gatv2':
+        s_src = value
     empty = value.new_empty(0)
     run_max = value.new_full((num_dst, heads), float('-inf'))
     run_sum = value.new_zeros((num_dst, heads))
@@ -92,9 +98,9 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype):
     halves = [torch.arange(0, num_edges, 2), torch.arange(1, num_edges, 2)]
     chunks = []
     for part in halves:
-        order, crow, col, crow_t, col_t, perm = _chunk(
-            src[part], dst[part], num_dst, num_src, index_dtype)
-        ids = part[order]
+        order, crow, col, crow_t, col_t, perm = map(on, _chunk(
+            src[part], dst[part], num_dst, num_src, index_dtype))
+        ids = part.to(device)[order]
         e = empty if edge is None else edge[ids].contiguous()
         z = empty if mask is None else mask[ids].contiguous()
         chunks.append((ids, crow, col, crow_t, col_t, perm, e, z))
@@ -121,6 +127,9 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype):
         if g_edge is not None:
             g_edge[ids] = ds if kind == 'gat' else ge
     tol = dict(rtol=1e-10, atol=1e-10)
+    out, g_val, g_src, g_dst, g_edge, g_att = [
+        None if t is None else t.cpu()
+        for t in (out, g_val, g_src, g_dst, g_edge, g_att)]
     torch.testing.assert_close(out, ref.detach(), **tol)
     torch.testing.assert_close(g_val, r_val.grad, **tol)
     if kind == 'gat':
@@ -172,3 +181,13 @@ def test_triton_kernels_equal_autograd_interpreted():
         tests=tests)], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split() == ['ok', str(len(CASES))], res.stdout
+
+
+@pytest.mark.parametrize('kind,with_edge,with_mask,index_dtype', CASES)
+def test_triton_kernels_equal_autograd_on_cuda(kind, with_edge, with_mask,
+                                               index_dtype):
+    """Compiled for and run on the GPU (skipped where there is none)."""
+    if not torch.cuda.is_available() or not kernels.triton_available():
+        pytest.skip('needs a CUDA device and triton (the GPU check runs it)')
+    from pyg_sar.nn.engine.kernels import gpu
+    run_case(gpu, kind, with_edge, with_mask, index_dtype, device='cuda')

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-_EPS = 1e-16  # PyG's softmax normalizer epsilon
+_EPS = tl.constexpr(1e-16)  # PyG's softmax normalizer epsilon
 
 
 def _strides(t: torch.Tensor, dims: int):
@@ -22,9 +22,17 @@ def _strides(t: torch.Tensor, dims: int):
     return t.stride(0), (t.stride(1) if t.dim() > 1 else 0)
 
 
+# Launch shape: edges per block (None: as many as fit 4096 elements with
+# the channels, at most 64) and warps per program. Module settings so that
+# benchmarks/fused_attention.py can sweep them on a GPU.
+BLOCK_E = None
+NUM_WARPS = 4
+
+
 def _blocks(channels: int):
     block_c = triton.next_power_of_2(max(int(channels), 1))
-    return max(1, min(64, 4096 // block_c)), block_c
+    block_e = BLOCK_E or max(1, min(64, 4096 // block_c))
+    return block_e, block_c
 
 
 @triton.jit
@@ -244,7 +252,7 @@ def forward(kind, crow, col, s_src, s_dst, edge, att, value, mask, run_max,
         *_strides(value, 2), _or(mask, value), run_max, run_sum, out,
         *_strides(out, 2), heads, channels, _scalar(slope, value), KIND=kind,
         HAS_EDGE=edge.numel() > 0, HAS_MASK=mask.numel() > 0,
-        BLOCK_E=block_e, BLOCK_C=block_c)
+        BLOCK_E=block_e, BLOCK_C=block_c, num_warps=NUM_WARPS)
 
 
 def backward_rows(kind, crow, col, s_src, s_dst, edge, att, value, mask,
@@ -263,7 +271,7 @@ def backward_rows(kind, crow, col, s_src, s_dst, edge, att, value, mask,
         *_strides(grad_edge, 2), _or(grad_att, value), heads, channels,
         _scalar(slope, value), KIND=kind, HAS_EDGE=edge.numel() > 0,
         HAS_MASK=mask.numel() > 0, HAS_GE=grad_edge.numel() > 0,
-        BLOCK_E=block_e, BLOCK_C=block_c)
+        BLOCK_E=block_e, BLOCK_C=block_c, num_warps=NUM_WARPS)
 
 
 def backward_cols(kind, crow_t, col_t, perm, s_src, s_dst, edge, att,
@@ -284,4 +292,4 @@ def backward_cols(kind, crow_t, col_t, perm, s_src, s_dst, edge, att,
         heads, channels, _scalar(slope, w), KIND=kind,
         HAS_EDGE=edge.numel() > 0,
         HAS_GV=has_gv, HAS_GS=has_gs, SAME=same, BLOCK_E=block_e,
-        BLOCK_C=block_c)
+        BLOCK_C=block_c, num_warps=NUM_WARPS)
