@@ -171,7 +171,7 @@ def measure(args, device):
                 sweep.append(dict(block_e=block_e, num_warps=warps,
                                   fused_s=timed(chunk.fused_step(gpu),
                                                 args.repeat, device)))
-            gpu.BLOCK_E, gpu.NUM_WARPS = None, 4
+            gpu.BLOCK_E, gpu.NUM_WARPS = None, None
             row['default_s'] = timed(chunk.fused_step(gpu), args.repeat,
                                      device)
             row['sweep'] = sweep

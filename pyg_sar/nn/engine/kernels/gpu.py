@@ -22,17 +22,23 @@ def _strides(t: torch.Tensor, dims: int):
     return t.stride(0), (t.stride(1) if t.dim() > 1 else 0)
 
 
-# Launch shape: edges per block (None: as many as fit 4096 elements with
-# the channels, at most 64) and warps per program. Module settings so that
-# benchmarks/fused_attention.py can sweep them on a GPU.
+# Launch shape: edges per block and warps per program (None: by the rule
+# below). Module settings so that benchmarks/fused_attention.py can sweep
+# them. On an H200 (1M rows, 20 edges each, 4 heads x 32 channels) one warp
+# per program was fastest for both scores, with blocks of 32 edges (GAT) and
+# 16 (GATv2, which also holds the [edges, channels] pre-activation): twice
+# as fast as 4 warps and 64 edges.
 BLOCK_E = None
-NUM_WARPS = 4
+NUM_WARPS = None
 
 
-def _blocks(channels: int):
+def _blocks(kind: int, channels: int):
+    """``(block_e, block_c, num_warps)`` for a kernel of ``kind``."""
     block_c = triton.next_power_of_2(max(int(channels), 1))
-    block_e = BLOCK_E or max(1, min(64, 4096 // block_c))
-    return block_e, block_c
+    tile = 1024 if kind == 0 else 512
+    block_e = BLOCK_E or max(1, min(32, tile // block_c))
+    warps = NUM_WARPS or max(1, min(8, block_c // 64))
+    return block_e, block_c, warps
 
 
 @triton.jit
@@ -245,14 +251,14 @@ def forward(kind, crow, col, s_src, s_dst, edge, att, value, mask, run_max,
     rows, heads, channels = crow.numel() - 1, value.shape[1], value.shape[2]
     if rows <= 0:
         return
-    block_e, block_c = _blocks(channels)
+    block_e, block_c, warps = _blocks(kind, channels)
     _forward[(rows, heads)](
         crow, col, s_src, *_strides(s_src, 2), s_dst, *_strides(s_dst, 2),
         _or(edge, value), *_strides(edge, 2), _or(att, value), value,
         *_strides(value, 2), _or(mask, value), run_max, run_sum, out,
         *_strides(out, 2), heads, channels, _scalar(slope, value), KIND=kind,
         HAS_EDGE=edge.numel() > 0, HAS_MASK=mask.numel() > 0,
-        BLOCK_E=block_e, BLOCK_C=block_c, num_warps=NUM_WARPS)
+        BLOCK_E=block_e, BLOCK_C=block_c, num_warps=warps)
 
 
 def backward_rows(kind, crow, col, s_src, s_dst, edge, att, value, mask,
@@ -261,7 +267,7 @@ def backward_rows(kind, crow, col, s_src, s_dst, edge, att, value, mask,
     rows, heads, channels = crow.numel() - 1, value.shape[1], value.shape[2]
     if rows <= 0:
         return
-    block_e, block_c = _blocks(channels)
+    block_e, block_c, warps = _blocks(kind, channels)
     _backward_rows[(rows, heads)](
         crow, col, s_src, *_strides(s_src, 2), s_dst, *_strides(s_dst, 2),
         _or(edge, value), *_strides(edge, 2), _or(att, value), value,
@@ -271,7 +277,7 @@ def backward_rows(kind, crow, col, s_src, s_dst, edge, att, value, mask,
         *_strides(grad_edge, 2), _or(grad_att, value), heads, channels,
         _scalar(slope, value), KIND=kind, HAS_EDGE=edge.numel() > 0,
         HAS_MASK=mask.numel() > 0, HAS_GE=grad_edge.numel() > 0,
-        BLOCK_E=block_e, BLOCK_C=block_c, num_warps=NUM_WARPS)
+        BLOCK_E=block_e, BLOCK_C=block_c, num_warps=warps)
 
 
 def backward_cols(kind, crow_t, col_t, perm, s_src, s_dst, edge, att,
@@ -283,7 +289,7 @@ def backward_cols(kind, crow_t, col_t, perm, s_src, s_dst, edge, att,
     has_gv, has_gs = grad_value.numel() > 0, grad_src.numel() > 0
     same = has_gv and has_gs and grad_value.data_ptr() == \
         grad_src.data_ptr() and grad_value.shape == grad_src.shape
-    block_e, block_c = _blocks(channels)
+    block_e, block_c, warps = _blocks(kind, channels)
     _backward_cols[(sources, heads)](
         crow_t, col_t, perm, s_src, *_strides(s_src, 2), s_dst,
         *_strides(s_dst, 2), _or(edge, w), *_strides(edge, 2), _or(att, w),
@@ -292,4 +298,4 @@ def backward_cols(kind, crow_t, col_t, perm, s_src, s_dst, edge, att,
         heads, channels, _scalar(slope, w), KIND=kind,
         HAS_EDGE=edge.numel() > 0,
         HAS_GV=has_gv, HAS_GS=has_gs, SAME=same, BLOCK_E=block_e,
-        BLOCK_C=block_c, num_warps=NUM_WARPS)
+        BLOCK_C=block_c, num_warps=warps)
