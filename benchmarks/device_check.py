@@ -850,8 +850,10 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     device = result['env']['device_name']
+    attention = [dict(r, dtype='fused') for r in result.get('attention', [])
+                 if r.get('layer') in ('GAT', 'GATv2')]
     layers = [r for r in result.get('layers', []) +
-              result.get('autocast', []) if 'epoch_ratio' in r]
+              result.get('autocast', []) + attention if 'epoch_ratio' in r]
     ax = axes[0][0]
     names = [r['layer'] + (f" {r['dtype']}" if r.get('dtype') else '')
              for r in layers]
@@ -938,7 +940,7 @@ def main(args) -> int:
                                .total_memory / 2**30
                                if device.type == 'cuda' else None),
                nodes=args.nodes, cpu_nodes=args.cpu_nodes,
-               epochs=args.epochs)
+               epochs=args.epochs, date=time.strftime('%Y-%m-%d'))
     print(f"device check on {env['device_name']} (torch {env['torch']}, "
           f"PyG {env['pyg']}, {env['cpu_count']} cores)", flush=True)
     result: Dict[str, Any] = dict(env=env)
@@ -954,7 +956,12 @@ def main(args) -> int:
             if name not in args.sections and name not in (
                     'env', 'targets', 'seconds'):
                 result[name] = value
-        result['env']['earlier_run'] = earlier['env']
+        runs = earlier['env'].get('runs') or [dict(
+            earlier['env'], sections=list(earlier.get('seconds', {})))]
+        kept = [dict(r, sections=[n for n in r.get('sections', [])
+                                  if n not in args.sections]) for r in runs]
+        result['env']['runs'] = [r for r in kept if r['sections']] + [
+            dict(env, sections=[n for n in SECTIONS if n in args.sections])]
         result['seconds'] = {k: v for k, v in earlier.get(
             'seconds', {}).items() if k not in args.sections}
     clock = Clock(args.budget_s)

@@ -1,12 +1,14 @@
 """Benchmark result tables, generated from the results' JSON.
 
-``.. pyg-sar-device-check:: layers`` (or ``autocast``, ``budget``,
+``.. pyg-sar-device-check:: layers`` (or ``attention``, ``autocast``, ``budget``,
 ``sharing``, ``cpu``, ``largest``, ``exact``, ``targets``, ``device``)
 renders one section of ``benchmarks/results/device_check.json`` (the output
 of ``benchmarks/device_check.py``) as a table, so the page shows the last
 committed run and cannot drift from it. A section the run did not reach
 says so. ``.. pyg-sar-scaling::`` does the same for ``scaling.json``,
-``.. pyg-sar-sampling::`` for ``sampling.json``.
+``.. pyg-sar-sampling::`` for ``sampling.json``,
+``.. pyg-sar-fused-attention:: NAME`` for ``NAME.json`` of
+``fused_attention.py``.
 """
 from __future__ import annotations
 
@@ -65,6 +67,28 @@ def _layers(result: dict, name: str) -> List[str]:
     return _table(['layer', 'stock epoch (s)', 'pyg_sar epoch (s)', 'ratio',
                    'stock peak (MiB)', 'pyg_sar peak (MiB)', 'ratio',
                    'first loss, rel. diff.'], rows)
+
+
+def _attention(result: dict) -> List[str]:
+    rows = []
+    for r in result.get('attention', []):
+        pyg, sar = r.get('pyg', {}), r.get('sar', {})
+        unfused = r.get('sar_unfused', {})
+        missing = _outcome(r) or _outcome(pyg) or _outcome(sar)
+        if missing and 'epoch_ratio' not in r:
+            rows.append([r.get('layer', '?'), missing] + [''] * 7)
+            continue
+        fused = any(' True ' in p for p in r.get('paths', []))
+        rows.append([r['layer'], 'fused kernels' if fused else
+                     'separate operators', _num(pyg.get('epoch_s')),
+                     _num(sar.get('epoch_s')), _num(r.get('epoch_ratio'), 2),
+                     _outcome(unfused) or _num(unfused.get('epoch_s')),
+                     _num(pyg.get('peak_mib')), _num(sar.get('peak_mib')),
+                     _num(r.get('memory_ratio'), 2)])
+    return _table(['layer', 'pyg_sar path', 'stock epoch (s)',
+                   'pyg_sar epoch (s)', 'ratio',
+                   'pyg_sar, PYG_SAR_FUSED=0 (s)', 'stock peak (MiB)',
+                   'pyg_sar peak (MiB)', 'ratio'], rows)
 
 
 def _budget(result: dict) -> List[str]:
@@ -130,12 +154,14 @@ def _device(result: dict) -> List[str]:
              f"{len(runs)} run(s) of the check merged:", '']
     for k, run in enumerate(runs, 1):
         sections = ', '.join(run.get('sections', [])) or 'all'
-        lines.append(f'- run {k}: {sections}')
+        date = f" ({run['date']})" if run.get('date') else ''
+        lines.append(f'- run {k}{date}: {sections}')
     return lines + ['']
 
 
 _SECTIONS = {
     'layers': lambda r: _layers(r, 'layers'),
+    'attention': _attention,
     'autocast': lambda r: _layers(r, 'autocast'),
     'budget': _budget, 'sharing': _sharing, 'cpu': _cpu,
     'largest': _largest, 'exact': _exact, 'targets': _targets,
@@ -256,7 +282,43 @@ class TestCount(SphinxDirective):
                                      source='tests')
 
 
+class FusedAttention(SphinxDirective):
+    """``.. pyg-sar-fused-attention:: NAME``: ``benchmarks/results/NAME.json``
+    (``benchmarks/fused_attention.py``) as a table: one chunk forward and
+    backward, torch operators against the fused kernels."""
+    required_arguments = 1
+
+    def run(self):
+        path = os.path.join(RESULTS, f'{self.arguments[0]}.json')
+        self.env.note_dependency(path)
+        with open(path) as f:
+            result = json.load(f)
+        env, rows = result['env'], []
+        for r in result['rows']:
+            best = r.get('best')
+            rows.append([r['kind'], _num(r['torch_eager_s'] * 1e3, 1),
+                         _num(r['torch_compile_s'] * 1e3, 1)
+                         if 'torch_compile_s' in r else '-',
+                         _num(r['fused_s'] * 1e3, 1),
+                         _num(r['default_s'] * 1e3, 1)
+                         if 'default_s' in r else '-',
+                         _num(r['fused_vs_eager'], 2),
+                         f"{best['block_e']} edges, {best['num_warps']} "
+                         f"warp(s)" if best else '-'])
+        first = result['rows'][0]
+        lines = [f"{env['device_name']}, {first['rows']:,} rows, "
+                 f"{first['edges']:,} edges, {first['heads']} heads x "
+                 f"{first['channels']} channels, median of {env['repeat']}:",
+                 ''] + _table(['score', 'torch operators (ms)',
+                               'torch.compile (ms)', 'fused, best (ms)',
+                               'fused, default launch (ms)',
+                               'fused / operators', 'best launch'], rows)
+        return nested_parse_to_nodes(self.state, StringList(lines),
+                                     source=path)
+
+
 def setup(app: Sphinx) -> Dict[str, Any]:
+    app.add_directive('pyg-sar-fused-attention', FusedAttention)
     app.add_directive('pyg-sar-test-count', TestCount)
     app.add_directive('pyg-sar-device-check', DeviceCheck)
     app.add_directive('pyg-sar-scaling', Scaling)
