@@ -191,3 +191,59 @@ def test_triton_kernels_equal_autograd_on_cuda(kind, with_edge, with_mask,
         pytest.skip('needs a CUDA device and triton (the GPU check runs it)')
     from pyg_sar.nn.engine.kernels import gpu
     run_case(gpu, kind, with_edge, with_mask, index_dtype, device='cuda')
+
+
+# Integer (stride and size) arguments and index pointers of the kernels; the
+# other non-constexpr arguments are pointers to the feature dtype.
+_INT_ARGS = {'H', 'C'}
+_INDEX_ARGS = {'crow', 'col', 'crow_t', 'col_t', 'perm'}
+
+
+def _signature(fn, dtype, index, constants):
+    sig = {}
+    for name in fn.arg_names:
+        if name in constants:
+            sig[name] = 'constexpr'
+        elif name in _INT_ARGS or name.endswith(('_n', '_h', '_e')):
+            sig[name] = 'i64'
+        else:
+            sig[name] = '*' + (index if name in _INDEX_ARGS else dtype)
+    return sig
+
+
+def test_triton_kernels_compile_for_a_gpu():
+    """Compiled ahead of time for an H100/H200 (sm_90, PTX and cubin by the
+    ptxas Triton ships), without a GPU: the interpreter accepts code that
+    the compiler refuses (it once hid a non-constexpr global)."""
+    if not kernels.triton_available():
+        pytest.skip('triton is not installed (pip install triton; the test '
+                    'extra lists it)')
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from pyg_sar.nn.engine.kernels import gpu
+    target = GPUTarget('cuda', 90, 32)
+    failures = []
+    for kind in kernels.KINDS.values():
+        for dtype, index in (('fp32', 'i32'), ('fp64', 'i64')):
+            flags = dict(KIND=kind, HAS_EDGE=True, BLOCK_E=16, BLOCK_C=32)
+            cases = [
+                (gpu._forward, dict(flags, HAS_MASK=True)),
+                (gpu._backward_rows, dict(flags, HAS_MASK=True,
+                                          HAS_GE=kind > 0)),
+                (gpu._backward_cols, dict(flags, HAS_GV=True, HAS_GS=True,
+                                          SAME=kind == 1)),
+            ]
+            for fn, constants in cases:
+                source = ASTSource(
+                    fn=fn, signature=_signature(fn, dtype, index, constants),
+                    constexprs={(fn.arg_names.index(k), ): v
+                                for k, v in constants.items()})
+                try:
+                    triton.compile(source, target=target)
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    if 'ptxas' in str(e) and 'not found' in str(e):
+                        pytest.skip(f'no ptxas for sm_90 here: {e}')
+                    failures.append(f'{fn.__name__} kind={kind} {dtype}: '
+                                    f'{str(e)[-600:]}')
+    assert not failures, '\n'.join(failures)
