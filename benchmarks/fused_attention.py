@@ -1,6 +1,6 @@
 """One attention chunk, forward and backward: pyg_sar's fused kernels against
 the same online softmax written with torch operators, side by side in one
-run, for GAT's and GATv2's scores.
+run, for GAT's, GATv2's and TransformerConv's (dot product) scores.
 
 * CPU: torch operators eager and under ``torch.compile`` (inductor's C++
   loops) against the C++ kernels (which of the compiled routes pyg_sar takes
@@ -32,7 +32,8 @@ sys.path.insert(0, HERE)
 from _common import write_results  # noqa: E402
 
 SLOPE = 0.2
-KINDS = ('gat', 'gatv2')
+KINDS = ('gat', 'gatv2', 'dot')
+NUMBER = {'gat': 0, 'gatv2': 1, 'dot': 2}
 SWEEP = [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4),
          (64, 8)]
 
@@ -40,8 +41,10 @@ SWEEP = [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4),
 def softmax_chunk(kind, s_src, s_dst, att, value, src, dst, rows: int):
     """Attention over the chunk with torch operators (what the engine's
     separate-operator path computes)."""
-    pre = s_src[src] + s_dst[dst]
-    a = F.leaky_relu(pre, SLOPE)
+    if kind == 'dot':
+        a = (s_src[src] * s_dst[dst]).sum(-1) / s_src.shape[-1] ** 0.5
+    else:
+        a = F.leaky_relu(s_src[src] + s_dst[dst], SLOPE)
     if kind == 'gatv2':
         a = (a * att).sum(-1)
     idx = dst.view(-1, 1).expand_as(a)
@@ -84,6 +87,10 @@ class Chunk:
             self.s_src = torch.randn(n, h, generator=gen)
             self.s_dst = torch.randn(n, h, generator=gen)
             self.att = None
+        elif kind == 'dot':
+            self.s_src = torch.randn(n, h, c, generator=gen)
+            self.s_dst = torch.randn(n, h, c, generator=gen)
+            self.att = None
         else:
             self.s_src = self.value
             self.s_dst = torch.randn(n, h, c, generator=gen)
@@ -117,7 +124,8 @@ class Chunk:
 
     def fused_step(self, impl):
         n, h, c, e = self.n, self.h, self.c, self.e
-        k = 0 if self.kind == 'gat' else 1
+        k = NUMBER[self.kind]
+        param = self.c ** 0.5 if self.kind == 'dot' else SLOPE
         v = self.value
         empty = v.new_empty(0)
         att = empty if self.att is None else self.att
@@ -126,27 +134,27 @@ class Chunk:
             mx = v.new_full((n, h), float('-inf'))
             sm, out = v.new_zeros(n, h), v.new_zeros(n, h, c)
             impl.forward(k, self.crow, self.src, self.s_src, self.s_dst,
-                         empty, att, v, empty, mx, sm, out, SLOPE)
+                         empty, att, v, empty, mx, sm, out, param)
             out /= (sm + 1e-16).unsqueeze(-1)
             delta = (self.grad * out).sum(-1)
             w, ds = v.new_empty(e, h), v.new_empty(e, h)
             gd = torch.zeros_like(self.s_dst)
             gv = torch.zeros_like(v)
-            gs = gv if k else v.new_zeros(n, h)
+            gs = gv if k == 1 else torch.zeros_like(self.s_src)
             ga = v.new_zeros(torch.get_num_threads() if v.device.type ==
-                             'cpu' else 1, h, c) if k else empty
+                             'cpu' else 1, h, c) if k == 1 else empty
             impl.backward_rows(k, self.crow, self.src, self.s_src,
                                self.s_dst, empty, att, v, empty, mx, sm,
-                               self.grad, delta, w, ds, gd, empty, ga, SLOPE)
+                               self.grad, delta, w, ds, gd, empty, ga, param)
             impl.backward_cols(k, self.crow_t, self.col_t, self.perm,
                                self.s_src, self.s_dst, empty, att, self.grad,
-                               w, ds, gv, gs, SLOPE)
+                               w, ds, gv, gs, param)
         return step
 
 
 def measure(args, device):
     rows = []
-    for kind in KINDS:
+    for kind in args.kinds:
         chunk = Chunk(kind, args.rows, args.degree, args.heads,
                       args.channels, device)
         row = dict(kind=kind, rows=chunk.n, edges=chunk.e, heads=chunk.h,
@@ -231,6 +239,7 @@ def main():
     p.add_argument('--heads', type=int, default=4)
     p.add_argument('--channels', type=int, default=32)
     p.add_argument('--repeat', type=int, default=5)
+    p.add_argument('--kinds', nargs='+', default=list(KINDS), choices=KINDS)
     p.add_argument('--out', default=osp.join(HERE, 'results'))
     args = p.parse_args()
     device = torch.device(args.device)

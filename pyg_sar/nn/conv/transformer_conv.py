@@ -7,6 +7,7 @@ from torch_geometric.nn.dense.linear import Linear
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn.conv.rgat_conv import check_no_attention_weights
+from pyg_sar.nn.engine.spec import FusedScore
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -181,6 +182,20 @@ class TransformerConv(DistMessagePassing):
         if self.lin_edge is not None:
             edge_attr = self._edge_term(edge_attr)
         return value_j + edge_attr
+
+    def fused_score(self) -> Optional[FusedScore]:
+        """The score as the fused kernels compute it
+        (:mod:`pyg_sar.nn.engine.kernels`): ``key_j . query_i /
+        sqrt(out_channels)``. With ``edge_dim`` the edge term enters the
+        values too, which the kernels do not add: not fused."""
+        if self.lin_edge is not None:
+            return None
+        return FusedScore('dot', 'key', math.sqrt(self.out_channels),
+                          score_dst='query')
+
+    def fused_edge_term(self, edge_attr: Tensor) -> Optional[Tensor]:
+        """No edge term in the fused score (see :meth:`fused_score`)."""
+        return None
 
     def _edge_term(self, edge_attr: Tensor) -> Tensor:
         """:math:`\\mathbf{W}_6 \\mathbf{e}_{ij}` of a chunk's edges,

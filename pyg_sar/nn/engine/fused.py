@@ -1,7 +1,7 @@
 """Attention with fused kernels: the online softmax of
 :class:`~.attention.AttentionAggregator`, one kernel call per chunk and
-pass (:mod:`.kernels`), for layers whose score is GAT's or GATv2's
-(``fused_score()``). The per-edge scores, probabilities and gathered rows
+pass (:mod:`.kernels`), for layers whose score is GAT's, GATv2's or
+TransformerConv's dot product (``fused_score()``). The per-edge scores, probabilities and gathered rows
 never exist as separate tensors: the forward keeps only the running max,
 sum and output per row and head, and the backward recomputes the
 probabilities chunk by chunk. Per chunk, only ``[E, H]`` weights (and
@@ -57,21 +57,23 @@ def fused_spec(plan: Plan, tensors) -> Tuple[Optional[FusedScore], str]:
     if plan.graph.mode == 'sa':
         return None, 'mode "sa" keeps per-chunk autograd graphs'
     if spec.score not in plan.src_slots or \
-            spec.score not in plan.dst_slots or \
+            spec.dst not in plan.dst_slots or \
             set(plan.src_slots) - {spec.score, plan.value_source} or \
-            set(plan.dst_slots) != {spec.score}:
+            set(plan.dst_slots) != {spec.dst}:
         return None, 'edge_score reads other node arguments'
     if set(plan.edge_slots) - ({spec.edge} if spec.edge else set()):
         return None, 'edge_score reads other edge arguments'
     dims = 2 if spec.kind == 'gat' else 3
     value = tensors[plan.src_slots[plan.value_source]]
     score_src = tensors[plan.src_slots[spec.score]]
-    score_dst = tensors[plan.dst_slots[spec.score]]
+    score_dst = tensors[plan.dst_slots[spec.dst]]
     dtypes = {t.dtype for t in (value, score_src, score_dst)}
     if len(dtypes) != 1 or value.dtype not in (torch.float32, torch.float64):
         return None, f'dtypes {sorted(map(str, dtypes))}'
     if score_src.dim() != dims or score_dst.dim() != dims or \
-            value.dim() != 3 or score_src.shape[1] != value.shape[1]:
+            value.dim() != 3 or score_src.shape[1] != value.shape[1] or \
+            (dims == 3 and not score_src.shape[1:] == score_dst.shape[1:]
+             == value.shape[1:]):
         return None, 'score or value tables of unexpected shapes'
     if spec.att is not None and spec.att.dtype != value.dtype:
         return None, 'att dtype differs from the features'
@@ -113,7 +115,7 @@ class FusedAttentionAggregator(AttentionAggregator):
         names = list(plan.src_slots)
         self.k_value = names.index(plan.value_source)
         self.k_score = names.index(self.spec.score)
-        self.dst_slot = plan.dst_slots[self.spec.score]
+        self.dst_slot = plan.dst_slots[self.spec.dst]
         self.edge_slot = (plan.edge_slots.get(self.spec.edge)
                           if self.spec.edge else None)
         super().__init__(plan, inputs)
@@ -189,7 +191,7 @@ class FusedAttentionAggregator(AttentionAggregator):
                 self.kind, crow, col, s_src, s_dst[lo:hi],
                 empty if edge is None else edge.contiguous(), att, value,
                 mask, self.run_max[lo:hi], self.run_sum[lo:hi],
-                self.out[lo:hi], self.spec.negative_slope)
+                self.out[lo:hi], self.spec.param)
 
     def _mask(self, key, c_idx: int, chunk: EdgeChunk, like: Tensor):
         mask = self._dropout_mask(key, c_idx, like.new_empty(
@@ -222,7 +224,7 @@ class FusedAttentionAggregator(AttentionAggregator):
             ds = torch.empty_like(w)
             grad_dst = self._dst_grad(lo, hi, s_dst)
             grad_edge = (torch.empty_like(edge_in)
-                         if self.kind == 1 and edge is not None else empty)
+                         if self.kind != 0 and edge is not None else empty)
             grad_att = (value.new_zeros((torch.get_num_threads(), heads,
                                          width)) if self.kind == 1
                         else empty)
@@ -230,12 +232,12 @@ class FusedAttentionAggregator(AttentionAggregator):
                 self.kind, crow, col, s_src, s_dst[lo:hi], edge_in, att,
                 value, mask, self.run_max[lo:hi], self.run_sum[lo:hi],
                 self.grad_out[lo:hi], self.delta[lo:hi], w, ds, grad_dst,
-                grad_edge, grad_att, self.spec.negative_slope)
+                grad_edge, grad_att, self.spec.param)
             if gv.numel() or gs.numel():
                 self.impl.backward_cols(
                     self.kind, crow_t, col_t, perm, s_src, s_dst[lo:hi],
                     edge_in, att, self.grad_out[lo:hi], w, ds, gv, gs,
-                    self.spec.negative_slope)
+                    self.spec.param)
             if want_att:
                 self._add_param(att_param, grad_att.sum(0).view_as(
                     att_param))

@@ -61,13 +61,23 @@ class FusedScore:
 
     ``kind`` ``'gat'``: ``lrelu(score_j + score_i [+ edge term])`` with
     ``[N, H]`` terms; ``'gatv2'``: ``att . lrelu(score_j + score_i [+ edge
-    term])`` with ``[N, H, C]`` terms. ``score`` names the propagate
-    argument read as ``<score>_j`` and ``<score>_i``; the values are the
-    rows of the message's source argument. The layer's ``fused_edge_term
-    (edge_rows)`` gives a chunk's edge term from the gathered rows of the
-    ``edge`` argument (``None`` when there is none)."""
+    term])`` with ``[N, H, C]`` terms; ``'dot'``: ``(score_j [+ edge term])
+    . score_dst_i / param`` with ``[N, H, C]`` terms (TransformerConv's keys
+    and queries). ``param`` is the leaky ReLU's negative slope (``'gat'``,
+    ``'gatv2'``) or the divisor (``'dot'``). ``score`` names the propagate
+    argument read as ``<score>_j``, ``score_dst`` the one read as ``<...>_i``
+    (``None``: ``score`` too); the values are the rows of the message's
+    source argument. The layer's ``fused_edge_term(edge_rows)`` gives a
+    chunk's edge term from the gathered rows of the ``edge`` argument
+    (``None`` when there is none)."""
     kind: str
     score: str
-    negative_slope: float
+    param: float
     att: Optional[Tensor] = None
     edge: Optional[str] = None
+    score_dst: Optional[str] = None
+
+    @property
+    def dst(self) -> str:
+        """The argument read as ``<dst>_i``."""
+        return self.score_dst or self.score

@@ -1,7 +1,8 @@
 """The fused attention path (:mod:`pyg_sar.nn.engine.fused`) against the
 separate-operator path and single-process PyG: outputs, input gradients and
-every parameter gradient of GATConv and GATv2Conv (edge features,
-``concat=False``, no self loops, shared weights) at world sizes 1-3, modes
+every parameter gradient of GATConv, GATv2Conv and TransformerConv (edge
+features, ``concat=False``, no self loops, shared weights, ``beta``; with
+``edge_dim`` TransformerConv is not fused) at world sizes 1-3, modes
 ``sar`` and ``one_shot``, chunked and not, float32 and float64, on a
 directed graph with self loops, duplicate edges and isolated nodes; attention
 dropout replays the same masks on both paths; and the fused path is the
@@ -33,8 +34,15 @@ CONVS = {
     'gatv2': lambda c: pyg_nn.GATv2Conv(c, 5, heads=2, concat=False),
     'gatv2_edge_shared': lambda c: pyg_nn.GATv2Conv(
         c, 3, heads=2, edge_dim=3, fill_value=0.5, share_weights=True),
+    'transformer': lambda c: pyg_nn.TransformerConv(c, 3, heads=2),
+    'transformer_mean_beta': lambda c: pyg_nn.TransformerConv(
+        c, 4, heads=3, concat=False, beta=True),
+    # The edge term enters the values too: not fused, still exact.
+    'transformer_edge': lambda c: pyg_nn.TransformerConv(c, 3, heads=2,
+                                                         edge_dim=3),
 }
-EDGE = ('gat_edge_mean', 'gatv2_edge_shared')
+EDGE = ('gat_edge_mean', 'gatv2_edge_shared', 'transformer_edge')
+NOT_FUSED = ('transformer_edge', )
 NUM_NODES = 90
 
 
@@ -105,7 +113,7 @@ def _worker(rank, world_size, root):
                             ran['fused'] > before
     # Attention dropout: the same replayed masks on both paths.
     graph = pyg_sar.DistGraph(part, mode='sar', chunk_size=CHUNK)
-    for kind in ('gat', 'gatv2'):
+    for kind in ('gat', 'gatv2', 'transformer'):
         for path in ('fused', 'unfused'):
             os.environ['PYG_SAR_FUSED'] = '1' if path == 'fused' else '0'
             conv = pyg_sar.nn.to_distributed(build(kind, 6, torch.float64))
@@ -149,8 +157,10 @@ def test_fused_equals_unfused_and_single_process(run, kind):
                         f'world={run.world_size}')
                 key = (dtype, mode, chunk, kind)
                 for r, res in enumerate(run.results):
-                    assert res[('ran', *key, 'fused')], \
-                        f'{what}: rank {r} did not run the fused kernels'
+                    assert res[('ran', *key, 'fused')] == (
+                        kind not in NOT_FUSED), \
+                        f'{what}: rank {r} fused kernels ran: ' \
+                        f"{res[('ran', *key, 'fused')]}"
                     assert not res[('ran', *key, 'unfused')], what
                 for path in ('fused', 'unfused'):
                     failures += mismatches(
@@ -164,7 +174,7 @@ def test_fused_equals_unfused_and_single_process(run, kind):
     report(failures)
 
 
-@pytest.mark.parametrize('kind', ['gat', 'gatv2'])
+@pytest.mark.parametrize('kind', ['gat', 'gatv2', 'transformer'])
 def test_fused_dropout_replays_the_unfused_masks(run, kind):
     failures = []
     for r, res in enumerate(run.results):
@@ -180,6 +190,10 @@ def test_fused_dropout_replays_the_unfused_masks(run, kind):
                 failures += close(fused[2][name], grad,
                                   BY_DTYPE[torch.float64], f'{what} {name}')
     report(failures)
+
+
+TRITON_KINDS = ('gat', 'gat_edge_mean', 'gatv2', 'gatv2_edge_shared',
+                'transformer_mean_beta')
 
 
 def _triton_worker(rank, world_size, root, device='cpu',
@@ -199,7 +213,7 @@ def _triton_worker(rank, world_size, root, device='cpu',
     results = {'ids': part.orig_ids}
     for dtype in dtypes:
         x, edge_attr = (t.to(device, dtype) for t in (part.x, part.edge_attr))
-        for kind in ('gat', 'gat_edge_mean', 'gatv2', 'gatv2_edge_shared'):
+        for kind in TRITON_KINDS:
             conv = pyg_sar.nn.to_distributed(build(kind, 6, dtype)).to(device)
             out = _run(conv, x, graph, edge_attr if kind in EDGE else None,
                        part.orig_ids)
@@ -214,7 +228,7 @@ def _check_triton(data, results, dtypes, what):
     for r in results:
         assert r['ran'] == ['pyg_sar.nn.engine.kernels.gpu'], r['ran']
     for dtype in dtypes:
-        for kind in ('gat', 'gat_edge_mean', 'gatv2', 'gatv2_edge_shared'):
+        for kind in TRITON_KINDS:
             failures += mismatches(f'{kind} {dtype} {what}', ids,
                                    [r[(kind, dtype)] for r in results],
                                    _reference(data, kind, dtype),

@@ -17,6 +17,7 @@ from torch_geometric.utils import softmax
 from pyg_sar.nn.engine import kernels
 
 SLOPE = 0.2
+DIVISOR = 5 ** 0.5  # the dot score's sqrt(channels)
 
 
 def _graph(gen, num_src, num_dst, num_edges):
@@ -40,6 +41,9 @@ def _chunk(src, dst, num_dst, num_src, dtype):
 
 
 def _logits(kind, s_src, s_dst, att, edge, src, dst):
+    if kind == 'dot':
+        key = s_src[src] + (0 if edge is None else edge)
+        return (key * s_dst[dst]).sum(-1) / DIVISOR
     if kind == 'gat':
         pre = s_src[src] + s_dst[dst] + (0 if edge is None else edge)
         return torch.nn.functional.leaky_relu(pre, SLOPE)
@@ -58,6 +62,11 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
         s_src = torch.randn(num_src, heads, generator=gen, dtype=dt)
         s_dst = torch.randn(num_dst, heads, generator=gen, dtype=dt)
         edge = torch.randn(num_edges, heads, generator=gen, dtype=dt)
+        att = None
+    elif kind == 'dot':
+        s_src = torch.randn(num_src, heads, ch, generator=gen, dtype=dt)
+        s_dst = torch.randn(num_dst, heads, ch, generator=gen, dtype=dt)
+        edge = torch.randn(num_edges, heads, ch, generator=gen, dtype=dt)
         att = None
     else:
         s_src = value  # GATv2: the values are the score's source terms
@@ -85,6 +94,7 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
     ref.backward(grad_out)
 
     # Kernels: two chunks over the same rows (two blocks), folded in turn.
+    param = DIVISOR if kind == 'dot' else SLOPE
     on = lambda t: None if t is None else t.to(device)  # noqa: E731
     s_src, s_dst, value, edge, att, mask, grad_out = map(on, (
         s_src, s_dst, value, edge, att, mask, grad_out))
@@ -105,7 +115,7 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
         z = empty if mask is None else mask[ids].contiguous()
         chunks.append((ids, crow, col, crow_t, col_t, perm, e, z))
         impl.forward(kernels.KINDS[kind], crow, col, s_src, s_dst, e, att_k,
-                     value, z, run_max, run_sum, out, SLOPE)
+                     value, z, run_max, run_sum, out, param)
     out = out / (run_sum + 1e-16).unsqueeze(-1)
     delta = (grad_out * out).sum(-1)
     g_val = torch.zeros_like(value)
@@ -117,13 +127,13 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
     for ids, crow, col, crow_t, col_t, perm, e, z in chunks:
         w = value.new_empty((ids.numel(), heads))
         ds = torch.empty_like(w)
-        ge = torch.empty_like(e) if kind == 'gatv2' and e.numel() else empty
+        ge = torch.empty_like(e) if kind != 'gat' and e.numel() else empty
         impl.backward_rows(kernels.KINDS[kind], crow, col, s_src, s_dst, e,
                            att_k, value, z, run_max, run_sum, grad_out,
-                           delta, w, ds, g_dst, ge, g_att, SLOPE)
+                           delta, w, ds, g_dst, ge, g_att, param)
         impl.backward_cols(kernels.KINDS[kind], crow_t, col_t, perm, s_src,
                            s_dst, e, att_k, grad_out, w, ds, g_val, g_src,
-                           SLOPE)
+                           param)
         if g_edge is not None:
             g_edge[ids] = ds if kind == 'gat' else ge
     tol = dict(rtol=1e-10, atol=1e-10)
@@ -132,7 +142,7 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
         for t in (out, g_val, g_src, g_dst, g_edge, g_att)]
     torch.testing.assert_close(out, ref.detach(), **tol)
     torch.testing.assert_close(g_val, r_val.grad, **tol)
-    if kind == 'gat':
+    if kind != 'gatv2':
         torch.testing.assert_close(g_src, leaves[0].grad, **tol)
     torch.testing.assert_close(g_dst, r_dst.grad, **tol)
     if g_edge is not None:
@@ -141,7 +151,8 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
         torch.testing.assert_close(g_att.sum(0), ref_att.grad, **tol)
 
 
-CASES = [(kind, e, m, d) for kind in ('gat', 'gatv2') for e in (False, True)
+CASES = [(kind, e, m, d) for kind in ('gat', 'gatv2', 'dot')
+         for e in (False, True)
          for m in (False, True) for d in (torch.int32, torch.int64)
          if not (m and d == torch.int32)]
 

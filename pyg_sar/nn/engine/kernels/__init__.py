@@ -22,8 +22,10 @@ be head-major, channels contiguous):
   transposed chunk, the value gradient and the source terms' gradient.
 
 ``kind`` is 0 for GAT (``lrelu(s_src[j] + s_dst[i] + edge)``, ``[N, H]``
-terms) and 1 for GATv2 (``att . lrelu(s_src[j] + s_dst[i] + edge)``,
-``[N, H, C]`` terms). Empty tensors stand for absent ones.
+terms), 1 for GATv2 (``att . lrelu(s_src[j] + s_dst[i] + edge)``,
+``[N, H, C]`` terms) and 2 for TransformerConv's dot product
+(``(s_src[j] + edge) . s_dst[i] / slope``: keys, queries, and ``slope``
+the divisor ``sqrt(C)``). Empty tensors stand for absent ones.
 
 Backends: :mod:`.cpu` (a C++ extension compiled on first use) and
 :mod:`.gpu` (Triton; CUDA tensors, or CPU tensors under
@@ -40,7 +42,7 @@ import torch
 
 log = logging.getLogger('pyg_sar')
 
-KINDS = {'gat': 0, 'gatv2': 1}
+KINDS = {'gat': 0, 'gatv2': 1, 'dot': 2}
 # PYG_SAR_FUSED=0 turns the fused kernels off (the separate-operator path
 # runs); =triton runs the Triton kernels on any device (on CPU tensors they
 # need TRITON_INTERPRET=1: a correctness check, not a fast path).

@@ -4,6 +4,10 @@
 //   0  GAT:   a_e = lrelu(s_src[j,h] + s_dst[i,h] (+ edge[e,h]))
 //   1  GATv2: a_e = sum_c att[h,c] * lrelu(s_src[j,h,c] + s_dst[i,h,c]
 //                                           (+ edge[e,h,c]))
+//   2  dot:   a_e = sum_c (s_src[j,h,c] (+ edge[e,h,c])) * s_dst[i,h,c] / d
+//             (TransformerConv: keys, queries, d = sqrt(channels))
+// ``slope`` is the leaky ReLU's negative slope for kinds 0 and 1, the
+// divisor d for kind 2.
 // Values are rows value[j,h,:]. Destination rows are the chunk's rows
 // [0, R): crow is their row pointer over the chunk's edges, col the source
 // of each edge. Work is split over destination rows (no atomics); the
@@ -77,6 +81,15 @@ inline T logit(const Rows<const T>& ss, const Rows<const T>& sd,
     T v = *ss.at(j, h) + *sd.at(i, h);
     if (ed) v += *ed.at(e, h);
     return lrelu(v, slope);
+  }
+  if (KIND == 2) {
+    const T *kj = ss.at(j, h), *qi = sd.at(i, h);
+    if (ed) {
+      const T* eh = ed.at(e, h);
+      return lane_sum<T>(C, [&](int64_t c) { return (kj[c] + eh[c]) * qi[c]; }) /
+             slope;
+    }
+    return dot(kj, qi, C) / slope;
   }
   const T *sj = ss.at(j, h), *si = sd.at(i, h), *a = att + h * C;
   if (ed) {
@@ -168,9 +181,9 @@ void forward_impl(const torch::Tensor& crow, const torch::Tensor& col,
 // Backward over destination rows, probabilities recomputed from the final
 // max and sum: per edge the weight p*z of the value gradient (w) and the
 // gradient of the pre-activation (GAT, [E, H]) or of the logit (GATv2,
-// [E, H]) (ds); the destination terms' gradient (added); for GATv2 the
-// per-channel edge gradient (written) and the gradient of att (added, one
-// [H, C] slab per thread).
+// dot; [E, H]) (ds); the destination terms' gradient (added); for GATv2
+// and dot the per-channel edge gradient (written); for GATv2 the gradient
+// of att (added, one [H, C] slab per thread).
 template <typename T, typename I, int KIND>
 void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
                         const torch::Tensor& s_src, const torch::Tensor& s_dst,
@@ -216,6 +229,22 @@ void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
             const T g = da * lrelu_grad(pre, slope);
             ds[e * H + h] = g;
             *gd.at(i, h) += g;
+          } else if (KIND == 2) {
+            // d a / d q_i = (k_j + e) / d, d a / d e = q_i / d.
+            ds[e * H + h] = da;
+            const T g = da / slope;
+            const T *kj = ss.at(j, h), *qi = sd.at(i, h);
+            T* gdi = gd.at(i, h);
+            if (ed) {
+              const T* eh = ed.at(e, h);
+              for (int64_t c = 0; c < C; ++c) gdi[c] += g * (kj[c] + eh[c]);
+              if (ge) {
+                T* geh = ge.at(e, h);
+                for (int64_t c = 0; c < C; ++c) geh[c] = g * qi[c];
+              }
+            } else {
+              for (int64_t c = 0; c < C; ++c) gdi[c] += g * kj[c];
+            }
           } else {
             ds[e * H + h] = da;
             const T *ah = at + h * C, *sj = ss.at(j, h), *si = sd.at(i, h);
@@ -251,7 +280,8 @@ void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
 
 // Backward over sources (the transposed chunk: rows are sources, perm maps
 // its entries to chunk edges): the value gradient sum_e w_e dO_i, and the
-// source terms' gradient (GAT: sum_e ds_e; GATv2: per channel).
+// source terms' gradient (GAT: sum_e ds_e; GATv2: per channel; dot: the
+// keys' gradient sum_e ds_e q_i / d).
 template <typename T, typename I, int KIND>
 void backward_cols_impl(const torch::Tensor& crow_t, const torch::Tensor& col_t,
                         const torch::Tensor& perm, const torch::Tensor& s_src,
@@ -286,6 +316,11 @@ void backward_cols_impl(const torch::Tensor& crow_t, const torch::Tensor& col_t,
           const T g = dsp[e * H + h];
           if (KIND == 0) {
             *gs.at(j, h) += g;
+          } else if (KIND == 2) {
+            const T gq = g / slope;
+            const T* qi = sd.at(i, h);
+            T* gsh = gs.at(j, h);
+            for (int64_t c = 0; c < C; ++c) gsh[c] += gq * qi[c];
           } else {
             const T *ah = at + h * C, *sj = ss.at(j, h), *si = sd.at(i, h);
             T* gsh = gs.at(j, h);
@@ -308,8 +343,13 @@ void backward_cols_impl(const torch::Tensor& crow_t, const torch::Tensor& col_t,
   if ((kind) == 0) {                             \
     constexpr int KIND = 0;                      \
     __VA_ARGS__();                               \
-  } else {                                       \
+  } else if ((kind) == 1) {                      \
     constexpr int KIND = 1;                      \
+    __VA_ARGS__();                               \
+  } else {                                       \
+    TORCH_CHECK((kind) == 2, "fused attention: score kind ", (kind),  \
+                " is not 0, 1 or 2");           \
+    constexpr int KIND = 2;                      \
     __VA_ARGS__();                               \
   }
 

@@ -44,13 +44,22 @@ def _blocks(kind: int, channels: int):
 @triton.jit
 def _score(ss, ss_n, ss_h, sdi, ed, ed_e, ed_h, a, j, es, emask, cs, cmask,
            h, slope, KIND: tl.constexpr, HAS_EDGE: tl.constexpr):
-    """The pre-activation (GAT: [BLOCK_E]; GATv2: [BLOCK_E, BLOCK_C]) and
-    the logits of a block of edges."""
+    """The pre-activation (GAT: [BLOCK_E]; GATv2: [BLOCK_E, BLOCK_C]; dot:
+    the keys plus edge terms, [BLOCK_E, BLOCK_C]) and the logits of a block
+    of edges (``slope``: the dot score's divisor for KIND 2)."""
     if KIND == 0:
         pre = tl.load(ss + j * ss_n + h * ss_h, mask=emask, other=0.) + sdi
         if HAS_EDGE:
             pre += tl.load(ed + es * ed_e + h * ed_h, mask=emask, other=0.)
         logit = tl.where(pre > 0, pre, pre * slope)
+    elif KIND == 2:
+        m2 = emask[:, None] & cmask[None, :]
+        pre = tl.load(ss + j[:, None] * ss_n + h * ss_h + cs[None, :],
+                      mask=m2, other=0.)
+        if HAS_EDGE:
+            pre += tl.load(ed + es[:, None] * ed_e + h * ed_h + cs[None, :],
+                           mask=m2, other=0.)
+        logit = tl.sum(pre * sdi[None, :], axis=1) / slope
     else:
         m2 = emask[:, None] & cmask[None, :]
         pre = tl.load(ss + j[:, None] * ss_n + h * ss_h + cs[None, :],
@@ -84,7 +93,9 @@ def _forward(crow, col, ss, ss_n, ss_h, sd, sd_n, sd_h, ed, ed_e, ed_h, att,
         a = sdi
     else:
         sdi = tl.load(sd + i * sd_n + h * sd_h + cs, mask=cmask, other=0.)
-        a = tl.load(att + h * C + cs, mask=cmask, other=0.)
+        a = sdi
+        if KIND == 1:
+            a = tl.load(att + h * C + cs, mask=cmask, other=0.)
     for start in range(e0, e1, BLOCK_E):
         es = start + tl.arange(0, BLOCK_E)
         emask = es < e1
@@ -131,7 +142,9 @@ def _backward_rows(crow, col, ss, ss_n, ss_h, sd, sd_n, sd_h, ed, ed_e, ed_h,
         gd_acc = sdi * 0.
     else:
         sdi = tl.load(sd + i * sd_n + h * sd_h + cs, mask=cmask, other=0.)
-        a = tl.load(att + h * C + cs, mask=cmask, other=0.)
+        a = sdi
+        if KIND == 1:
+            a = tl.load(att + h * C + cs, mask=cmask, other=0.)
         gd_acc = sdi * 0.
     ga_acc = g * 0.
     for start in range(e0, e1, BLOCK_E):
@@ -154,6 +167,15 @@ def _backward_rows(crow, col, ss, ss_n, ss_h, sd, sd_n, sd_h, ed, ed_e, ed_h,
             g0 = da * tl.where(pre > 0, 1., slope)
             tl.store(ds_out + es * H + h, g0, mask=emask)
             gd_acc += tl.sum(g0, axis=0)
+        elif KIND == 2:
+            # d a / d q_i = (k_j + e) / d, d a / d e = q_i / d.
+            tl.store(ds_out + es * H + h, da, mask=emask)
+            g1 = da / slope
+            gd_acc += tl.sum(g1[:, None] * pre, axis=0)
+            if HAS_GE:
+                tl.store(ge + es[:, None] * ge_e + h * ge_h + cs[None, :],
+                         g1[:, None] * sdi[None, :],
+                         mask=emask[:, None] & cmask[None, :])
         else:
             tl.store(ds_out + es * H + h, da, mask=emask)
             dz = da[:, None] * a[None, :] * tl.where(pre > 0, 1., slope)
@@ -170,7 +192,8 @@ def _backward_rows(crow, col, ss, ss_n, ss_h, sd, sd_n, sd_h, ed, ed_e, ed_h,
         ptr = gd + i * gd_n + h * gd_h + cs
         tl.store(ptr, tl.load(ptr, mask=cmask, other=0.) + gd_acc,
                  mask=cmask)
-        tl.atomic_add(ga + h * C + cs, ga_acc, mask=cmask)
+        if KIND == 1:
+            tl.atomic_add(ga + h * C + cs, ga_acc, mask=cmask)
 
 
 @triton.jit
@@ -195,7 +218,9 @@ def _backward_cols(crow_t, col_t, perm, ss, ss_n, ss_h, sd, sd_n, sd_h, ed,
     else:
         gs_acc = gv_acc
         ssj = tl.load(ss + j * ss_n + h * ss_h + cs, mask=cmask, other=0.)
-        a = tl.load(att + h * C + cs, mask=cmask, other=0.)
+        a = ssj
+        if KIND == 1:
+            a = tl.load(att + h * C + cs, mask=cmask, other=0.)
     for start in range(k0, k1, BLOCK_E):
         ks = start + tl.arange(0, BLOCK_E)
         kmask = ks < k1
@@ -211,6 +236,10 @@ def _backward_cols(crow_t, col_t, perm, ss, ss_n, ss_h, sd, sd_n, sd_h, ed,
             dse = tl.load(ds + e * H + h, mask=kmask, other=0.)
             if KIND == 0:
                 gs_acc += tl.sum(dse, axis=0)
+            elif KIND == 2:
+                q = tl.load(sd + i[:, None] * sd_n + h * sd_h + cs[None, :],
+                            mask=m2, other=0.)
+                gs_acc += tl.sum(dse[:, None] * q, axis=0) / slope
             else:
                 pre = ssj[None, :] + tl.load(
                     sd + i[:, None] * sd_n + h * sd_h + cs[None, :], mask=m2,
