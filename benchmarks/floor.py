@@ -17,7 +17,16 @@ avoid at one worker's shapes, with torch's own kernels:
   both logits, add, leaky ReLU, segment max, subtract, exp, segment sum,
   divide) and backward (the attention-weight gradient by SDDMM
   ``sparse.sampled_addmm`` per head, the softmax and leaky ReLU backward,
-  and the two scatters to the node logits).
+  and the two scatters to the node logits); GATv2 computes its logits from
+  ``[E, H, C]`` gathered rows (gather both, add, leaky ReLU, times ``att``,
+  sum over channels; backward: the same chain and two ``[E, H, C]``
+  scatters); TransformerConv's logits are one SDDMM per head (keys and
+  queries), and its backward two SpMMs per head (the queries' and keys'
+  gradients).
+
+Dense maps per layer: SAGE two (``lin_l``, ``lin_r``), GAT one, GATv2 two
+(``lin_l``, ``lin_r``), TransformerConv four (keys, queries, values and the
+skip connection).
 
 Each kernel runs once to warm up and then ``repeat`` times (median). The
 floor is the sum: a lower bound on the epoch that is reachable only if
@@ -72,24 +81,27 @@ def measure_floor(model: str, dims: List[dict], num_nodes: int,
     adj = _csr(dst, src, ones, (num_nodes, num_src))
     adj_t = _csr(src, dst, ones, (num_src, num_nodes))
     out = dict(dense=0.0, sparse=0.0, attention=0.0)
+    attention = model in ('gat', 'gatv2', 'transformer')
     with torch.no_grad():
         for layer, d in enumerate(dims):
-            width = d['heads'] * d['channels'] if model == 'gat' else d['out']
+            width = d['heads'] * d['channels'] if attention else d['out']
             x = torch.randn(num_nodes, d['inp'], generator=gen)
             w = torch.randn(d['inp'], width, generator=gen)
             g = torch.randn(num_nodes, width, generator=gen)
-            linears = 2 if model == 'sage' else 1
+            linears = dict(sage=2, gatv2=2, transformer=4).get(model, 1)
             dense = _time(lambda: torch.mm(x, w), repeat) + \
                 _time(lambda: torch.mm(x.t(), g), repeat)
             if layer > 0:
                 dense += _time(lambda: torch.mm(g, w.t()), repeat)
             out['dense'] += linears * dense
-            if model == 'gat':
+            if attention:
                 out['sparse'] += _gat_sparse(adj, adj_t, d, num_src, gen,
                                              repeat)
-                out['attention'] += _gat_attention(dst, src, num_nodes,
-                                                   num_src, adj, d['heads'],
-                                                   d['channels'], gen, repeat)
+                scores = dict(gat=_gat_attention, gatv2=_gatv2_attention,
+                              transformer=_dot_attention)[model]
+                out['attention'] += scores(dst, src, num_nodes, num_src, adj,
+                                           d['heads'], d['channels'], gen,
+                                           repeat)
             else:
                 agg = min(d['inp'], d['out'])
                 h = torch.randn(num_src, agg, generator=gen)
@@ -145,6 +157,80 @@ def _gat_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
 
     # The SDDMM's CSR order differs from the edge order; the arithmetic is
     # the same either way.
+    return _time(forward, repeat) + _time(backward, repeat)
+
+
+def _softmax(logit, dst, num_nodes):
+    """The segment softmax over destinations (forward of GAT's)."""
+    heads = logit.shape[1]
+    idx = dst.view(-1, 1).expand(-1, heads)
+    top = torch.full((num_nodes, heads), float('-inf')).scatter_reduce_(
+        0, idx, logit, 'amax', include_self=True)
+    weight = (logit - top.index_select(0, dst)).exp_()
+    total = torch.zeros(num_nodes, heads).index_add_(0, dst, weight)
+    return weight.div_(total.index_select(0, dst))
+
+
+def _alpha_grad(adj, dst, alpha, num_nodes, heads, channels, gen):
+    """The attention weights' gradient (SDDMM per head) through the
+    softmax: the logits' gradient."""
+    g_out = torch.randn(num_nodes, channels, generator=gen)
+    v = torch.randn(adj.shape[1], channels, generator=gen)
+    pattern = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
+                                      torch.zeros(dst.numel()), adj.shape)
+    grads = [torch.sparse.sampled_addmm(pattern, g_out, v.t()).values()
+             for _ in range(heads)]
+    g_alpha = torch.stack(grads, 1)
+    dot = torch.zeros(num_nodes, heads).index_add_(0, dst, alpha * g_alpha)
+    return alpha * (g_alpha - dot.index_select(0, dst))
+
+
+def _gatv2_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
+                     repeat) -> float:
+    x_l = torch.randn(num_src, heads, channels, generator=gen)
+    x_r = torch.randn(num_nodes, heads, channels, generator=gen)
+    att = torch.randn(heads, channels, generator=gen)
+
+    def forward():
+        pre = x_l.index_select(0, src) + x_r.index_select(0, dst)
+        logit = (torch.nn.functional.leaky_relu(pre, 0.2) * att).sum(-1)
+        return pre, _softmax(logit, dst, num_nodes)
+
+    pre, alpha = forward()
+
+    def backward():
+        g_logit = _alpha_grad(adj, dst, alpha, num_nodes, heads, channels,
+                              gen)
+        g_pre = g_logit.unsqueeze(-1) * att * torch.where(pre > 0, 1.0, 0.2)
+        torch.zeros(num_src, heads, channels).index_add_(0, src, g_pre)
+        torch.zeros(num_nodes, heads, channels).index_add_(0, dst, g_pre)
+
+    return _time(forward, repeat) + _time(backward, repeat)
+
+
+def _dot_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
+                   repeat) -> float:
+    q = torch.randn(num_nodes, channels, generator=gen)
+    k = torch.randn(num_src, channels, generator=gen)
+    pattern = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
+                                      torch.zeros(dst.numel()), adj.shape)
+
+    def forward():
+        logit = torch.stack([torch.sparse.sampled_addmm(
+            pattern, q, k.t()).values() for _ in range(heads)], 1)
+        return _softmax(logit / channels ** 0.5, dst, num_nodes)
+
+    alpha = forward()
+
+    def backward():
+        g_logit = _alpha_grad(adj, dst, alpha, num_nodes, heads, channels,
+                              gen)
+        ds = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
+                                     g_logit[:, 0].contiguous(), adj.shape)
+        for _ in range(heads):
+            torch.sparse.mm(ds, k)        # the queries' gradient
+            torch.sparse.mm(ds.t(), q)    # the keys' gradient
+
     return _time(forward, repeat) + _time(backward, repeat)
 
 

@@ -65,9 +65,9 @@ from _common import (add_internal_args, launch_workers,  # noqa: E402
 from full_batch_report import (CHUNKED, NO_CUT, check_targets,  # noqa: E402
                                exchange_bounds, plot, print_table)
 REPO = osp.dirname(HERE)
-MODELS = ('sage', 'gat', 'gcn', 'gen', 'transformer')
+MODELS = ('sage', 'gat', 'gatv2', 'gcn', 'gen', 'transformer')
 GRAPHS = dict.fromkeys(MODELS, 200_000)
-HIDDEN = {'sage': 256, 'gat': 128, 'gcn': 256, 'gen': 128,
+HIDDEN = {'sage': 256, 'gat': 128, 'gatv2': 128, 'gcn': 256, 'gen': 128,
           'transformer': 256}
 # Models the DGL worker builds (benchmarks/dgl_worker.py).
 DGL_MODELS = ('sage', 'gat', 'gcn')
@@ -128,7 +128,7 @@ def summarize(name: str, code: str, results: List[dict]) -> dict:
     worst = max(results, key=lambda r: r['peak_over_loaded_mib'])
     return dict(
         name=name, code=code, impl=worst['impl'], model=worst['model'],
-        workers=worst['world_size'],
+        workers=worst['world_size'], threads=worst.get('threads'),
         mem_mib=worst['peak_over_loaded_mib'],
         mem_per_rank_mib=[round(r['peak_over_loaded_mib'], 1)
                           for r in results],

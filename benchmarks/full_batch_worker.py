@@ -39,6 +39,7 @@ from typing import Dict, List, Optional
 from _common import reset_hwm, status_mib
 
 BYTES = 4  # float32
+ATTENTION = ('gat', 'gatv2', 'transformer')
 
 
 # Analytic floor ##############################################################
@@ -52,7 +53,7 @@ def layer_dims(model: str, in_channels: int, hidden: int, out_channels: int,
     dims, width = [], in_channels
     for layer in range(layers):
         last = layer == layers - 1
-        if model in ('gat', 'transformer'):
+        if model in ATTENTION:
             channels = out_channels if last else hidden // heads
             dims.append(dict(inp=width, heads=heads, channels=channels,
                              out=channels if last else heads * channels))
@@ -86,6 +87,13 @@ def floor_bytes(model: str, num_nodes: int, dims: List[dict]) -> int:
             width = d['heads'] * d['channels']
             per_node += kept_input + width + 2 * d['heads'] + \
                 width + 2 * d['heads']
+        elif model in ('gatv2', 'transformer'):
+            # Two (GATv2: x_l, x_r) or three (keys, queries, values)
+            # projected tables, the aggregated output, the softmax max and
+            # sum.
+            width = d['heads'] * d['channels']
+            tables = 2 if model == 'gatv2' else 3
+            per_node += kept_input + tables * width + width + 2 * d['heads']
         else:
             per_node += kept_input + d['inp']
     per_node += dims[-1]['out']  # logits
@@ -176,8 +184,8 @@ def stock_model(model: str, dims: List[dict], dropout: float = 0.5):
     """The GNN's architecture with stock PyG convs, as a user writes it."""
     import torch
     import torch.nn.functional as F
-    from torch_geometric.nn import (GATConv, GCNConv, GENConv, SAGEConv,
-                                    TransformerConv)
+    from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GENConv,
+                                    SAGEConv, TransformerConv)
 
     class Stock(torch.nn.Module):
         def __init__(self):
@@ -185,9 +193,10 @@ def stock_model(model: str, dims: List[dict], dropout: float = 0.5):
             self.convs = torch.nn.ModuleList()
             for layer, d in enumerate(dims):
                 concat = layer < len(dims) - 1
-                if model == 'gat':
-                    conv = GATConv(d['inp'], d['channels'], heads=d['heads'],
-                                   concat=concat)
+                if model in ('gat', 'gatv2'):
+                    layer_cls = GATv2Conv if model == 'gatv2' else GATConv
+                    conv = layer_cls(d['inp'], d['channels'],
+                                     heads=d['heads'], concat=concat)
                 elif model == 'transformer':
                     conv = TransformerConv(d['inp'], d['channels'],
                                            heads=d['heads'], concat=concat)
@@ -338,7 +347,7 @@ def run_worker(args) -> None:
             part.csc_ptr[1:] - part.csc_ptr[:-1])
         _, src = torch.unique(part.csc_src.long(), return_inverse=True)
         num_src = int(src.max()) + 1 if src.numel() else num_nodes
-        if args.model == 'gat':  # GATConv's self-loops
+        if args.model in ('gat', 'gatv2'):  # GAT(v2)Conv's self-loops
             loops = torch.arange(num_nodes)
             dst, src = torch.cat([dst, loops]), torch.cat([src, loops])
             num_src = max(num_src, num_nodes)

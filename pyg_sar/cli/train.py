@@ -9,7 +9,7 @@ from pyg_sar.cli.registry import register_command
 # The models of :func:`pyg_sar.train.train` (kept here so that building the
 # parser imports no torch; tests/train/test_trust_checkpoint.py checks that the two
 # are equal).
-MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
+MODELS = ('sage', 'gcn', 'gat', 'gatv2', 'transformer', 'gen')
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--layers', type=int, default=3)
     parser.add_argument('--hidden', type=int, default=256)
     parser.add_argument('--heads', type=int, default=4,
-                        help='attention heads (gat)')
+                        help='attention heads (gat, gatv2, transformer)')
     parser.add_argument('--epochs', type=int, default=10)
     parser.add_argument('--lr', type=float, default=0.01)
     parser.add_argument('--dropout', type=float, default=0.5)

@@ -37,7 +37,7 @@ from pyg_sar.utils.malloc import configure_allocator
 
 # Also in pyg_sar/cli/train.py, whose parser imports no torch (a test
 # checks that the two are equal).
-MODELS = ('sage', 'gcn', 'gat', 'transformer', 'gen')
+MODELS = ('sage', 'gcn', 'gat', 'gatv2', 'transformer', 'gen')
 
 
 class GNN(torch.nn.Module):
@@ -50,8 +50,8 @@ class GNN(torch.nn.Module):
                  out_channels: int, num_layers: int = 2, heads: int = 4,
                  dropout: float = 0.5) -> None:
         super().__init__()
-        from torch_geometric.nn import (GATConv, GCNConv, GENConv, SAGEConv,
-                                        TransformerConv)
+        from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GENConv,
+                                        SAGEConv, TransformerConv)
         if model not in MODELS:
             raise ValueError(f"model must be one of {MODELS} (got {model!r})")
         if num_layers < 1:
@@ -79,8 +79,10 @@ class GNN(torch.nn.Module):
                                        concat=not last)
             else:
                 # Hidden layers concatenate heads; the output layer averages.
-                conv = GATConv(dim_in, dim_out if last else
-                               dim_out // heads, heads=heads, concat=not last)
+                layer_cls = GATv2Conv if model == 'gatv2' else GATConv
+                conv = layer_cls(dim_in, dim_out if last else
+                                 dim_out // heads, heads=heads,
+                                 concat=not last)
             self.convs.append(conv)
 
     def forward(self, x: Tensor, edge_index) -> Tensor:
