@@ -8,7 +8,8 @@ committed run and cannot drift from it. A section the run did not reach
 says so. ``.. pyg-sar-scaling::`` does the same for ``scaling.json``,
 ``.. pyg-sar-sampling::`` for ``sampling.json``,
 ``.. pyg-sar-fused-attention:: NAME`` for ``NAME.json`` of
-``fused_attention.py``.
+``fused_attention.py``, ``.. pyg-sar-full-batch:: NAME`` for that of
+``full_batch.py``.
 """
 from __future__ import annotations
 
@@ -282,6 +283,56 @@ class TestCount(SphinxDirective):
                                      source='tests')
 
 
+def _load(directive: SphinxDirective, name: str):
+    """``benchmarks/results/<name>.json``: its path (a dependency of the
+    page) and content."""
+    path = os.path.join(RESULTS, f'{name}.json')
+    directive.env.note_dependency(path)
+    with open(path) as f:
+        return path, json.load(f)
+
+
+class FullBatch(SphinxDirective):
+    """``.. pyg-sar-full-batch:: NAME``: the rows and targets of
+    ``benchmarks/results/NAME.json`` (``benchmarks/full_batch.py``)."""
+    required_arguments = 1
+
+    def run(self):
+        path, result = _load(self, self.arguments[0])
+        rows = result['rows']
+        stock = {(r['model'], r.get('threads')): r for r in rows
+                 if r['name'] == 'stock PyG'}
+        dgl = {(r['model'], r.get('threads')): r for r in rows
+               if r['name'] == 'DGL'}
+        table = []
+        for r in rows:
+            key = (r['model'], r.get('threads'))
+            vs = lambda other: _num(r['epoch_s'] / other[key]['epoch_s'], 2) \
+                if key in other and r['name'] == 'pyg_sar' else '-'  # noqa
+            floor = r.get('floor_s')
+            table.append([
+                r['model'], r['name'], str(r['workers']),
+                str(r.get('threads', '-')), _num(r['mem_mib'], 0),
+                _num(r['epoch_s'], 2), _num(floor, 2) if floor else '-',
+                _num(r['epoch_s'] / floor, 2) if floor else '-',
+                vs(stock), vs(dgl)])
+        nodes = result.get('nodes') or rows[0].get('num_nodes')
+        lines = [f"{result.get('cores', '?')} cores, {result['layers']} "
+                 f"layers, {result['heads']} heads, {result['epochs']} timed "
+                 f"epochs" + (f", {nodes:,} nodes" if nodes else '') + ':',
+                 ''] + _table(['model', 'system', 'N', 'threads',
+                               'MiB per worker', 'epoch (s)', 'floor (s)',
+                               'epoch / floor', 'vs stock PyG', 'vs DGL'],
+                              table)
+        targets = [[t['target'], _num(t['value']), 'met' if t['ok'] else
+                    '**not met**'] for t in result.get('targets', [])]
+        if targets:
+            lines += ['Targets:', ''] + _table(['target', 'value', ''],
+                                               targets)
+        return nested_parse_to_nodes(self.state, StringList(lines),
+                                     source=path)
+
+
 class FusedAttention(SphinxDirective):
     """``.. pyg-sar-fused-attention:: NAME``: ``benchmarks/results/NAME.json``
     (``benchmarks/fused_attention.py``) as a table: one chunk forward and
@@ -289,10 +340,7 @@ class FusedAttention(SphinxDirective):
     required_arguments = 1
 
     def run(self):
-        path = os.path.join(RESULTS, f'{self.arguments[0]}.json')
-        self.env.note_dependency(path)
-        with open(path) as f:
-            result = json.load(f)
+        path, result = _load(self, self.arguments[0])
         env, rows = result['env'], []
         for r in result['rows']:
             best = r.get('best')
@@ -319,6 +367,7 @@ class FusedAttention(SphinxDirective):
 
 def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_directive('pyg-sar-fused-attention', FusedAttention)
+    app.add_directive('pyg-sar-full-batch', FullBatch)
     app.add_directive('pyg-sar-test-count', TestCount)
     app.add_directive('pyg-sar-device-check', DeviceCheck)
     app.add_directive('pyg-sar-scaling', Scaling)
