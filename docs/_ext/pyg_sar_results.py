@@ -358,7 +358,8 @@ class FusedAttention(SphinxDirective):
                  f"{first['edges']:,} edges, {first['heads']} heads x "
                  f"{first['channels']} channels, median of {env['repeat']}:",
                  ''] + _table(['score', 'torch operators (ms)',
-                               'torch.compile (ms)', 'fused, best (ms)',
+                               'torch.compile (ms)',
+                               'fused (ms; CUDA: fastest launch)',
                                'fused, default launch (ms)',
                                'fused / operators', 'best launch'], rows)
         return nested_parse_to_nodes(self.state, StringList(lines),

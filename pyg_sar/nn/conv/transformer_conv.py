@@ -38,10 +38,10 @@ class TransformerConv(DistMessagePassing):
     running max and sum per node and head are kept, never the ``[E, heads]``
     attention matrix; scores (and the edge term :math:`\mathbf{W}_6
     \mathbf{e}_{ij}`) are recomputed chunk by chunk in backward. Without
-    edge features the values are the source rows of
-    :math:`\mathbf{W}_2 \mathbf{x}` and are aggregated by sparse products,
-    never gathered per edge. The dot-product score has no fused kernel
-    (:mod:`pyg_sar.nn.engine.fused`): it runs as separate operators.
+    ``edge_dim`` the scores, softmax and weighted sum of each chunk run in
+    one fused kernel (:mod:`pyg_sar.nn.engine.fused`; C++ on CPU, Triton on
+    CUDA); with it the edge term enters the values too, and the chunk runs
+    as separate operators.
     Attention dropout replays its mask in backward (its random numbers are
     not a single process's, as for every dropout). ``return_attention_weights``
     is refused over a ``DistGraph`` (the attention of each edge is not
