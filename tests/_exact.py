@@ -171,3 +171,33 @@ def report(failures: Sequence[str]) -> None:
     """Fails with every mismatch, one line each."""
     assert not failures, (f'{len(failures)} mismatch(es):\n' +
                           '\n'.join(failures))
+
+
+def train_curve(make_net, inputs: Sequence, y: Tensor, mask: Tensor,
+               total: int, epochs: int, dist: bool = False,
+               lr: float = 0.02, seed: int = 7) -> List[float]:
+    """The loss of each of ``epochs`` Adam steps of ``make_net()`` (built
+    after seeding, so every rank starts from the same weights) on
+    ``net(*inputs)``: cross-entropy summed over ``mask`` over ``total``
+    (the global count of ``mask`` nodes). With ``dist``, the net is
+    converted by :func:`pyg_sar.nn.to_distributed`, its gradients are
+    all-reduced and the loss is the global one."""
+    import pyg_sar
+    torch.manual_seed(seed)
+    net = make_net()
+    if dist:
+        net = pyg_sar.nn.to_distributed(net)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    losses = []
+    for _ in range(epochs):
+        opt.zero_grad()
+        out = net(*inputs)
+        loss = torch.nn.functional.cross_entropy(
+            out[mask], y[mask], reduction='sum') / max(total, 1)
+        loss.backward()
+        if dist:
+            pyg_sar.all_reduce_grads(net)
+            loss = pyg_sar.comm.all_reduce(loss.detach().clone())
+        opt.step()
+        losses.append(float(loss))
+    return losses

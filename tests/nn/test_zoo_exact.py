@@ -20,7 +20,8 @@ from torch_geometric.utils import degree, scatter, softmax
 import pyg_sar
 from pyg_sar.nn import DistMessagePassing
 from _dist import run_workers
-from _exact import BY_DTYPE, FLOAT32, close, mismatches, report
+from _exact import (BY_DTYPE, FLOAT32, close, mismatches, report,
+                    train_curve)
 from _graphs import hard_graph
 
 # Many multi-process runs: deselect with -m "not slow".
@@ -320,24 +321,8 @@ class CurveNet(torch.nn.Module):
 
 def loss_curve(x, edge_index, edge_attr, y, mask, total, epochs=15,
                dist=False):
-    torch.manual_seed(7)
-    net = CurveNet()
-    if dist:
-        net = pyg_sar.nn.to_distributed(net)
-    opt = torch.optim.Adam(net.parameters(), lr=0.02)
-    losses = []
-    for _ in range(epochs):
-        opt.zero_grad()
-        out = net(x, edge_index, edge_attr)
-        loss = torch.nn.functional.cross_entropy(
-            out[mask], y[mask], reduction='sum') / total
-        loss.backward()
-        if dist:
-            pyg_sar.all_reduce_grads(net)
-            loss = pyg_sar.comm.all_reduce(loss.detach().clone())
-        opt.step()
-        losses.append(float(loss))
-    return losses
+    return train_curve(CurveNet, (x, edge_index, edge_attr), y, mask, total,
+                       epochs, dist)
 
 
 def _train_mask(part, rank, world_size):

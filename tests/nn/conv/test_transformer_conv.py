@@ -21,7 +21,8 @@ import torch_geometric.nn as pyg_nn
 
 import pyg_sar
 from _dist import run_workers
-from _exact import BY_DTYPE, FLOAT32, close, mismatches, report
+from _exact import (BY_DTYPE, FLOAT32, close, mismatches, report,
+                    train_curve)
 from _graphs import hard_graph, last_part_untrained, last_rank_untrained
 
 # The multi-process runs: deselect with -m "not slow".
@@ -106,25 +107,11 @@ class Net(torch.nn.Module):
 
 def loss_curve(x, edge_index, edge_attr, y, mask, total, epochs=5,
                dist=False):
-    torch.manual_seed(7)
-    net = Net()
     if dist:
-        net = pyg_sar.nn.to_distributed(net)
-        assert isinstance(net.conv1, pyg_sar.nn.TransformerConv)
-    opt = torch.optim.Adam(net.parameters(), lr=0.02)
-    losses = []
-    for _ in range(epochs):
-        opt.zero_grad()
-        out = net(x, edge_index, edge_attr)
-        loss = torch.nn.functional.cross_entropy(
-            out[mask], y[mask], reduction='sum') / total
-        loss.backward()
-        if dist:
-            pyg_sar.all_reduce_grads(net)
-            loss = pyg_sar.comm.all_reduce(loss.detach().clone())
-        opt.step()
-        losses.append(float(loss))
-    return losses
+        assert isinstance(pyg_sar.nn.to_distributed(Net()).conv1,
+                          pyg_sar.nn.TransformerConv)
+    return train_curve(Net, (x, edge_index, edge_attr), y, mask, total,
+                       epochs, dist)
 
 
 def _refusals(part):

@@ -17,7 +17,7 @@ import torch_geometric.nn as pyg_nn
 import pyg_sar
 from pyg_sar import datasets
 from _dist import run_workers, to_cpu
-from _exact import BY_DTYPE, close, mismatches, report
+from _exact import BY_DTYPE, close, mismatches, report, train_curve
 
 pytestmark = pytest.mark.slow
 
@@ -269,27 +269,20 @@ def test_triton_kernels_in_the_engine_interpreted(tmp_path, monkeypatch):
     _check_triton(data, results, (torch.float64, ), 'triton world=2')
 
 
+def _gnn(model, channels):
+    from pyg_sar.train import GNN
+    return lambda: GNN(model, channels, 8, 3, num_layers=2, heads=2,
+                       dropout=0.0).double()
+
+
 def _curve_worker(rank, world_size, root, model, epochs):
-    from pyg_sar.train import GNN, distributed_loss
     part = pyg_sar.load_partition(root, rank)
     graph = pyg_sar.DistGraph(part, mode='sar', chunk_size=4 * CHUNK)
-    torch.manual_seed(7)
-    net = pyg_sar.nn.to_distributed(GNN(model, part.x.shape[1], 8, 3,
-                                        num_layers=2, heads=2,
-                                        dropout=0.0)).double()
-    pyg_sar.sync_params(net)
-    opt = torch.optim.Adam(net.parameters(), lr=0.01)
     mask = part.train_mask.bool() & (rank < world_size - 1)
-    total = pyg_sar.global_count(mask)
-    losses = []
-    for _ in range(epochs):
-        opt.zero_grad()
-        loss = distributed_loss(net(part.x.double(), graph), part.y, mask,
-                                total)
-        loss.backward()
-        pyg_sar.all_reduce_grads(net)
-        opt.step()
-        losses.append(float(pyg_sar.comm.all_reduce(loss.detach().clone())))
+    losses = train_curve(_gnn(model, part.x.shape[1]),
+                         (part.x.double(), graph), part.y, mask,
+                         pyg_sar.global_count(mask), epochs, dist=True,
+                         lr=0.01)
     return {'losses': losses, 'ids': part.orig_ids}
 
 
@@ -300,8 +293,6 @@ def test_gnn_loss_curve_equals_single_process(tmp_path, model):
     float64: the loss curve of one process. (In float32 the curves part at
     a few 1e-4 after some Adam steps, the fused and separate-operator paths
     alike: rounding, not a different computation.)"""
-    from pyg_sar.train import GNN
-    import torch.nn.functional as F
     data = graph_data()
     pyg_sar.partition_graph(data, 3, str(tmp_path))
     epochs = 12
@@ -309,18 +300,9 @@ def test_gnn_loss_curve_equals_single_process(tmp_path, model):
                           timeout_s=180)
     train = data.train_mask.clone()
     train[results[-1]['ids']] = False
-    torch.manual_seed(7)
-    net = GNN(model, data.x.shape[1], 8, 3, num_layers=2, heads=2,
-              dropout=0.0).double()
-    opt = torch.optim.Adam(net.parameters(), lr=0.01)
-    expected = []
-    for _ in range(epochs):
-        opt.zero_grad()
-        loss = F.cross_entropy(net(data.x.double(), data.edge_index)[train],
-                               data.y[train])
-        loss.backward()
-        opt.step()
-        expected.append(float(loss))
+    expected = train_curve(_gnn(model, data.x.shape[1]),
+                           (data.x.double(), data.edge_index), data.y, train,
+                           int(train.sum()), epochs, lr=0.01)
     for r in results:
         torch.testing.assert_close(
             torch.tensor(r['losses'], dtype=torch.float64),
