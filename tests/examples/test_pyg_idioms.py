@@ -24,7 +24,7 @@ from torch_geometric.utils import negative_sampling
 import pyg_sar
 from pyg_sar.nn import to_distributed
 from _dist import run_workers
-from _exact import FLOAT32, mismatches, report
+from _exact import FLOAT32, mismatches, report, train_curve
 from _graphs import hard_graph
 from _hetero import hard_hetero
 
@@ -68,24 +68,9 @@ def gcn2_data():
 
 
 def gcn2_curve(x, adj_t, y, mask, total, dist=False, epochs=8):
-    torch.manual_seed(0)
-    model = Net(x.size(1), 16, 3, num_layers=4, alpha=0.1, theta=0.5)
-    if dist:
-        model = to_distributed(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    losses = []
-    for _ in range(epochs):
-        model.train()
-        optimizer.zero_grad()
-        out = model(x, adj_t)
-        loss = F.cross_entropy(out[mask], y[mask], reduction='sum') / total
-        loss.backward()
-        if dist:
-            pyg_sar.all_reduce_grads(model)
-            loss = pyg_sar.comm.all_reduce(loss.detach().clone())
-        optimizer.step()
-        losses.append(float(loss))
-    return losses
+    return train_curve(
+        lambda: Net(x.size(1), 16, 3, num_layers=4, alpha=0.1, theta=0.5),
+        (x, adj_t), y, mask, total, epochs, dist, lr=0.01, seed=0)
 
 
 def _gcn2_worker(rank, world_size, root):
