@@ -127,30 +127,18 @@ def _gat_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
                    repeat) -> float:
     a_src = torch.randn(num_src, heads, generator=gen)
     a_dst = torch.randn(num_nodes, heads, generator=gen)
-    idx = dst.view(-1, 1).expand(-1, heads)
 
     def forward():
         score = torch.nn.functional.leaky_relu(
             a_src.index_select(0, src) + a_dst.index_select(0, dst), 0.2)
-        top = torch.full((num_nodes, heads), float('-inf')).scatter_reduce_(
-            0, idx, score, 'amax', include_self=True)
-        weight = (score - top.index_select(0, dst)).exp_()
-        total = torch.zeros(num_nodes, heads).index_add_(0, dst, weight)
-        return score, weight.div_(total.index_select(0, dst))
+        return score, _softmax(score, dst, num_nodes)
 
     score, alpha = forward()
-    g_out = torch.randn(num_nodes, channels, generator=gen)
-    v = torch.randn(num_src, channels, generator=gen)
-    pattern = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
-                                      torch.zeros(dst.numel()), adj.shape)
+    logit_grad = _LogitGrad(adj, dst, num_nodes, heads, channels, gen)
 
     def backward():
         # d alpha per head (SDDMM), then softmax and leaky ReLU backward.
-        grads = [torch.sparse.sampled_addmm(pattern, g_out, v.t()).values()
-                 for _ in range(heads)]
-        g_alpha = torch.stack(grads, 1)
-        dot = torch.zeros(num_nodes, heads).index_add_(0, dst, alpha * g_alpha)
-        g_score = alpha * (g_alpha - dot.index_select(0, dst))
+        g_score = logit_grad(alpha)
         g_score = torch.where(score > 0, g_score, g_score * 0.2)
         torch.zeros(num_src, heads).index_add_(0, src, g_score)
         torch.zeros(num_nodes, heads).index_add_(0, dst, g_score)
@@ -171,18 +159,28 @@ def _softmax(logit, dst, num_nodes):
     return weight.div_(total.index_select(0, dst))
 
 
-def _alpha_grad(adj, dst, alpha, num_nodes, heads, channels, gen):
-    """The attention weights' gradient (SDDMM per head) through the
-    softmax: the logits' gradient."""
-    g_out = torch.randn(num_nodes, channels, generator=gen)
-    v = torch.randn(adj.shape[1], channels, generator=gen)
-    pattern = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
-                                      torch.zeros(dst.numel()), adj.shape)
-    grads = [torch.sparse.sampled_addmm(pattern, g_out, v.t()).values()
-             for _ in range(heads)]
-    g_alpha = torch.stack(grads, 1)
-    dot = torch.zeros(num_nodes, heads).index_add_(0, dst, alpha * g_alpha)
-    return alpha * (g_alpha - dot.index_select(0, dst))
+class _LogitGrad:
+    """The attention weights' gradient (an SDDMM per head of an output
+    gradient and the values) through the softmax: the logits' gradient.
+    Its random tables and the sampling pattern are made once, here, not in
+    the timed calls."""
+
+    def __init__(self, adj, dst, num_nodes, heads, channels, gen) -> None:
+        self.dst, self.num_nodes, self.heads = dst, num_nodes, heads
+        self.g_out = torch.randn(num_nodes, channels, generator=gen)
+        self.v = torch.randn(adj.shape[1], channels, generator=gen)
+        self.pattern = torch.sparse_csr_tensor(
+            adj.crow_indices(), adj.col_indices(), torch.zeros(dst.numel()),
+            adj.shape)
+
+    def __call__(self, alpha):
+        grads = [torch.sparse.sampled_addmm(self.pattern, self.g_out,
+                                            self.v.t()).values()
+                 for _ in range(self.heads)]
+        g_alpha = torch.stack(grads, 1)
+        dot = torch.zeros(self.num_nodes, self.heads).index_add_(
+            0, self.dst, alpha * g_alpha)
+        return alpha * (g_alpha - dot.index_select(0, self.dst))
 
 
 def _gatv2_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
@@ -197,10 +195,10 @@ def _gatv2_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
         return pre, _softmax(logit, dst, num_nodes)
 
     pre, alpha = forward()
+    logit_grad = _LogitGrad(adj, dst, num_nodes, heads, channels, gen)
 
     def backward():
-        g_logit = _alpha_grad(adj, dst, alpha, num_nodes, heads, channels,
-                              gen)
+        g_logit = logit_grad(alpha)
         g_pre = g_logit.unsqueeze(-1) * att * torch.where(pre > 0, 1.0, 0.2)
         torch.zeros(num_src, heads, channels).index_add_(0, src, g_pre)
         torch.zeros(num_nodes, heads, channels).index_add_(0, dst, g_pre)
@@ -212,19 +210,17 @@ def _dot_attention(dst, src, num_nodes, num_src, adj, heads, channels, gen,
                    repeat) -> float:
     q = torch.randn(num_nodes, channels, generator=gen)
     k = torch.randn(num_src, channels, generator=gen)
-    pattern = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
-                                      torch.zeros(dst.numel()), adj.shape)
+    logit_grad = _LogitGrad(adj, dst, num_nodes, heads, channels, gen)
 
     def forward():
         logit = torch.stack([torch.sparse.sampled_addmm(
-            pattern, q, k.t()).values() for _ in range(heads)], 1)
+            logit_grad.pattern, q, k.t()).values() for _ in range(heads)], 1)
         return _softmax(logit / channels ** 0.5, dst, num_nodes)
 
     alpha = forward()
 
     def backward():
-        g_logit = _alpha_grad(adj, dst, alpha, num_nodes, heads, channels,
-                              gen)
+        g_logit = logit_grad(alpha)
         ds = torch.sparse_csr_tensor(adj.crow_indices(), adj.col_indices(),
                                      g_logit[:, 0].contiguous(), adj.shape)
         for _ in range(heads):

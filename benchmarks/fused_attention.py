@@ -30,10 +30,10 @@ import torch.nn.functional as F
 HERE = osp.dirname(osp.abspath(__file__))
 sys.path.insert(0, HERE)
 from _common import write_results  # noqa: E402
+from pyg_sar.nn.engine import kernels  # noqa: E402
 
 SLOPE = 0.2
-KINDS = ('gat', 'gatv2', 'dot')
-NUMBER = {'gat': 0, 'gatv2': 1, 'dot': 2}
+KINDS = tuple(kernels.KINDS)
 SWEEP = [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4),
          (64, 8)]
 
@@ -124,7 +124,7 @@ class Chunk:
 
     def fused_step(self, impl):
         n, h, c, e = self.n, self.h, self.c, self.e
-        k = NUMBER[self.kind]
+        k = kernels.KINDS[self.kind]
         param = self.c ** 0.5 if self.kind == 'dot' else SLOPE
         v = self.value
         empty = v.new_empty(0)

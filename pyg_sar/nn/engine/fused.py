@@ -1,11 +1,12 @@
 """Attention with fused kernels: the online softmax of
 :class:`~.attention.AttentionAggregator`, one kernel call per chunk and
 pass (:mod:`.kernels`), for layers whose score is GAT's, GATv2's or
-TransformerConv's dot product (``fused_score()``). The per-edge scores, probabilities and gathered rows
-never exist as separate tensors: the forward keeps only the running max,
-sum and output per row and head, and the backward recomputes the
-probabilities chunk by chunk. Per chunk, only ``[E, H]`` weights (and
-GATv2's per-channel edge gradient when it has edge features) are built.
+TransformerConv's dot product (``fused_score()``). The per-edge scores,
+probabilities and gathered rows never exist as separate tensors: the
+forward keeps only the running max, sum and output per row and head, and
+the backward recomputes the probabilities chunk by chunk. Per chunk, only
+``[E, H]`` weights (and the per-channel edge gradient of GATv2 and the dot
+product, when they have edge terms) are built.
 
 :func:`aggregator_for` picks it, or the separate-operator
 :class:`~.attention.AttentionAggregator` (the reference), and says once in
