@@ -965,8 +965,9 @@ def main(args) -> int:
         result['seconds'] = {k: v for k, v in earlier.get(
             'seconds', {}).items() if k not in args.sections}
     clock = Clock(args.budget_s)
-    share = dict(layers=0.34, attention=0.2, profile=0.08, autocast=0.07, budget=0.08,
-                 sharing=0.12, cpu=0.20, largest=0.09, exact=0.10)
+    share = dict(layers=0.34, attention=0.2, profile=0.08, autocast=0.07,
+                 budget=0.08, sharing=0.12, cpu=0.20, largest=0.09,
+                 exact=0.10)
     run = [s for s in SECTIONS if s in args.sections]
     fns = dict(layers=section_layers, attention=section_attention,
                profile=section_profile,
