@@ -9,6 +9,7 @@ from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_sar.graph import DistGraph
 from pyg_sar.nn.engine.spec import FusedScore
+from pyg_sar.nn.functional import head_scores
 from pyg_sar.nn.message_passing import DistMessagePassing
 
 
@@ -114,8 +115,12 @@ class GATConv(DistMessagePassing):
         else:
             h_src = self.lin_src(x_src).view(-1, H, C)
             h_dst = self.lin_dst(x_dst).view(-1, H, C)
-        alpha_src = (h_src * self.att_src).sum(dim=-1)
-        alpha_dst = (h_dst * self.att_dst).sum(dim=-1)
+        if h_dst is h_src:
+            alpha_src, alpha_dst = head_scores(h_src, self.att_src,
+                                               self.att_dst)
+        else:
+            alpha_src, = head_scores(h_src, self.att_src)
+            alpha_dst, = head_scores(h_dst, self.att_dst)
         if self.add_self_loops:
             graph, edge_attr = loop_view(graph, edge_attr, self.fill_value)
         out = self.propagate(graph, x=h_src, alpha=(alpha_src, alpha_dst),

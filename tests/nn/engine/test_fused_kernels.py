@@ -51,11 +51,12 @@ def _logits(kind, s_src, s_dst, att, edge, src, dst):
     return (torch.nn.functional.leaky_relu(pre, SLOPE) * att).sum(-1)
 
 
-def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
-    """The reference runs on the CPU; the kernels on ``device``."""
+def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu',
+             scale=1.0, dt=torch.float64):
+    """The reference runs on the CPU; the kernels on ``device``. ``scale``
+    multiplies the score terms (spreads the logits)."""
     gen = torch.Generator().manual_seed(0)
     num_src, num_dst, heads, ch, num_edges = 9, 8, 2, 5, 40
-    dt = torch.float64
     src, dst = _graph(gen, num_src, num_dst, num_edges)
     value = torch.randn(num_src, heads, ch, generator=gen, dtype=dt)
     if kind == 'gat':
@@ -73,6 +74,10 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
         s_dst = torch.randn(num_dst, heads, ch, generator=gen, dtype=dt)
         edge = torch.randn(num_edges, heads, ch, generator=gen, dtype=dt)
         att = torch.randn(heads, ch, generator=gen, dtype=dt)
+    if scale != 1.0:
+        s_dst = s_dst * scale
+        if kind != 'gatv2':
+            s_src = s_src * scale
     edge = edge if with_edge else None
     mask = ((torch.rand(num_edges, heads, generator=gen) > 0.3).to(dt) /
             0.7) if with_mask else None
@@ -136,7 +141,8 @@ def run_case(impl, kind, with_edge, with_mask, index_dtype, device='cpu'):
                            param)
         if g_edge is not None:
             g_edge[ids] = ds if kind == 'gat' else ge
-    tol = dict(rtol=1e-10, atol=1e-10)
+    tol = dict(rtol=1e-10, atol=1e-10) if dt == torch.float64 else \
+        dict(rtol=2e-5, atol=2e-5)
     out, g_val, g_src, g_dst, g_edge, g_att = [
         None if t is None else t.cpu()
         for t in (out, g_val, g_src, g_dst, g_edge, g_att)]
@@ -168,6 +174,20 @@ def _cpu():
 @pytest.mark.parametrize('kind,with_edge,with_mask,index_dtype', CASES)
 def test_cpu_kernels_equal_autograd(kind, with_edge, with_mask, index_dtype):
     run_case(_cpu(), kind, with_edge, with_mask, index_dtype)
+
+
+@pytest.mark.parametrize('kind', ['gat', 'gatv2', 'dot'])
+@pytest.mark.parametrize('dt', [torch.float32, torch.float64])
+def test_cpu_kernels_exp_over_wide_logits(kind, dt):
+    """The kernels' own vectorized exp against torch's: logits spread over
+    hundreds in float64 (many weights underflowing to 0) and tens in
+    float32 (where a logit of hundreds is itself only good to about 1e-5),
+    and over a hundredth of a unit."""
+    wide = 60.0 if dt == torch.float64 else 15.0
+    if kind == 'dot':  # both score terms scale: the logit goes as scale^2
+        wide = wide ** 0.5
+    for scale in (wide, 0.01):
+        run_case(_cpu(), kind, True, False, torch.int64, scale=scale, dt=dt)
 
 
 _TRITON_SCRIPT = '''

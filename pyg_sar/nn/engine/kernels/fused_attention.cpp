@@ -14,7 +14,10 @@
 // gradient of source rows is a second pass over the transposed chunk.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -27,6 +30,61 @@ inline T lrelu(T x, T slope) { return x > T(0) ? x : x * slope; }
 
 template <typename T>
 inline T lrelu_grad(T x, T slope) { return x > T(0) ? T(1) : slope; }
+
+// exp(x) for x <= 0 (a logit minus its row's max), written so that the
+// compiler vectorizes a loop of them (std::exp is a call per element, and
+// std::floor does not vectorize under strict floating point): Cephes' range
+// reduction by ln 2, n = x / ln 2 rounded to nearest by adding and
+// subtracting 1.5 * 2^mantissa bits, its polynomial (float, relative error
+// below 1e-7) or rational function (double, below 2.5e-16), and 2^n from
+// its exponent bits. Below the smallest normal result it returns 0 (exp
+// gives a subnormal there, at most 1e-37 of the row's largest weight), and
+// NaN stays NaN.
+inline float exp_nonpositive(float x) {
+  const float xc = std::max(x, -88.0f);
+  const float z = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - z * 0.693359375f;
+  r = r - z * -2.12194440e-4f;
+  const float rr = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * rr + r + 1.0f;
+  const int32_t n = static_cast<int32_t>(z);
+  const float two_n = __builtin_bit_cast(float, (n + 127) << 23);
+  const float y = x < -87.3365447f ? 0.0f : p * two_n;
+  return x != x ? x : y;
+}
+
+inline double exp_nonpositive(double x) {
+  const double xc = std::max(x, -709.0);
+  const double z =
+      (xc * 1.4426950408889634073599 + 6755399441055744.0) - 6755399441055744.0;
+  double r = xc - z * 6.93145751953125e-1;
+  r = r - z * 1.42860682030941723212e-6;
+  const double rr = r * r;
+  const double px =
+      r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr +
+           9.99999999999999999910e-1);
+  const double qx = ((3.00198505138664455042e-6 * rr +
+                      2.52448340349684104192e-3) * rr +
+                     2.27265548208155028766e-1) * rr +
+                    2.00000000000000000009e0;
+  const double p = 1.0 + 2.0 * (px / (qx - px));
+  const int64_t n = static_cast<int32_t>(z);
+  const double two_n = __builtin_bit_cast(double, (n + 1023) << 52);
+  const double y = x < -708.3964185322641 ? 0.0 : p * two_n;
+  return x != x ? x : y;
+}
+
+// x[k] = exp(x[k]) for n values at or below 0, in place.
+template <typename T>
+inline void exp_nonpositive_inplace(T* x, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) x[k] = exp_nonpositive(x[k]);
+}
 
 // Row (n, h) of an [N, H, C] table with unit channel stride and any node and
 // head strides (the engine fetches value tables head-major).
@@ -161,8 +219,11 @@ void forward_impl(const torch::Tensor& crow, const torch::Tensor& col,
       for (int64_t h = 0; h < H; ++h) nmax[h] = mx[i * H + h];
       for (int64_t e = e0; e < e1; ++e) {
         const int64_t j = cl[e];
-        if (e + kAhead < E)
-          prefetch_score<const T, KIND>(ss, cl[e + kAhead], H, C);
+        if (e + kAhead < E) {
+          prefetch_rows(val, cl[e + kAhead], H, C);
+          if (ss.p != val.p)  // GATv2's score rows are its value rows
+            prefetch_score<const T, KIND>(ss, cl[e + kAhead], H, C);
+        }
         for (int64_t h = 0; h < H; ++h) {
           const T a = logit<T, KIND>(ss, sd, ed, at, j, i, e, h, C, slope);
           logits[(e - e0) * H + h] = a;
@@ -178,11 +239,13 @@ void forward_impl(const torch::Tensor& crow, const torch::Tensor& col,
         T* oh = o.at(i, h);
         for (int64_t c = 0; c < C; ++c) oh[c] *= scale[h];
       }
+      for (int64_t e = 0; e < e1 - e0; ++e)
+        for (int64_t h = 0; h < H; ++h) logits[e * H + h] -= nmax[h];
+      exp_nonpositive_inplace(logits.data(), (e1 - e0) * H);
       for (int64_t e = e0; e < e1; ++e) {
         const int64_t j = cl[e];
-        if (e + kAhead < E) prefetch_rows(val, cl[e + kAhead], H, C);
         for (int64_t h = 0; h < H; ++h) {
-          T w = std::exp(logits[(e - e0) * H + h] - nmax[h]);
+          T w = logits[(e - e0) * H + h];
           sm[i * H + h] += w;
           if (mk) w *= mk[e * H + h];
           T* oh = o.at(i, h);
@@ -229,17 +292,27 @@ void backward_rows_impl(const torch::Tensor& crow, const torch::Tensor& col,
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     T* ga_t = ga ? ga + at::get_thread_num() * H * C : nullptr;
     for (int64_t i = r0; i < r1; ++i) {
-      for (int64_t e = rp[i]; e < rp[i + 1]; ++e) {
-        const int64_t j = cl[e];
+      const int64_t e0 = rp[i], e1 = rp[i + 1];
+      // The row's probabilities, into w: logits, exp, over the sum.
+      for (int64_t e = e0; e < e1; ++e) {
         if (e + kAhead < E) {
           prefetch_rows(val, cl[e + kAhead], H, C);
           if (ss.p != val.p)  // GATv2's score rows are its value rows
             prefetch_score<const T, KIND>(ss, cl[e + kAhead], H, C);
         }
+        for (int64_t h = 0; h < H; ++h)
+          w[e * H + h] =
+              logit<T, KIND>(ss, sd, ed, at, cl[e], i, e, h, C, slope) -
+              mx[i * H + h];
+      }
+      exp_nonpositive_inplace(w + e0 * H, (e1 - e0) * H);
+      for (int64_t e = e0; e < e1; ++e)
+        for (int64_t h = 0; h < H; ++h)
+          w[e * H + h] /= sm[i * H + h] + static_cast<T>(kEps);
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t j = cl[e];
         for (int64_t h = 0; h < H; ++h) {
-          const T a = logit<T, KIND>(ss, sd, ed, at, j, i, e, h, C, slope);
-          const T p = std::exp(a - mx[i * H + h]) /
-                      (sm[i * H + h] + static_cast<T>(kEps));
+          const T p = w[e * H + h];
           const T z = mk ? mk[e * H + h] : T(1);
           const T *gh = go.at(i, h), *vh = val.at(j, h);
           const T da = p * (z * dot(gh, vh, C) - dl[i * H + h]);
