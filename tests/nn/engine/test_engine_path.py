@@ -33,14 +33,16 @@ SAGE_PATH = {
 # attention runs through the fused kernels (fused, kernels: the choice and
 # the C++ extension's loader) on the online softmax it shares with the
 # separate-operator path (attention, messages); the layer's FusedScore
-# (spec) names the score's destination argument.
+# (spec) names the score's destination argument; its per-head scores are
+# one product over the projected rows (functional: head_scores).
 GAT_PATH = {
     'nn/conv/gat_conv.py', 'graph/dist_graph.py', 'nn/message_passing.py',
     'nn/plain.py', 'nn/engine/plan.py',
     'nn/engine/function.py', 'nn/engine/messages.py',
     'nn/engine/attention.py', 'nn/engine/fused.py',
     'nn/engine/kernels/__init__.py', 'nn/engine/kernels/cpu.py',
-    'nn/engine/spec.py', 'graph/transport.py', 'graph/blocks.py', 'comm',
+    'nn/engine/spec.py', 'nn/functional.py', 'graph/transport.py',
+    'graph/blocks.py', 'comm',
 }
 
 
