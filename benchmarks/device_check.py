@@ -256,7 +256,11 @@ def guarded(fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
 
 class Homogeneous:
     """The graph on the device, for stock PyG and for one pyg_sar worker
-    (partitioned into one part on disk, as a user's script would)."""
+    (partitioned into one part on disk, as a user's script would). Every
+    pyg_sar run gets a DistGraph of its own: the views and index caches a
+    layer builds on first use (GAT's self-loop view, the transposed chunks)
+    then count in the peak of each run that needs them, not only in the
+    first one's."""
 
     def __init__(self, num_nodes: int, device: torch.device, work: str):
         data = homogeneous_graph(num_nodes)
@@ -270,7 +274,7 @@ class Homogeneous:
             data.x, data.edge_index, data.edge_type, data.y,
             data.train_mask))
         del data
-        self.graph = pyg_sar.DistGraph(part, device=device)
+        self.part = part
         self.ours = tuple(t.to(device) for t in (
             part.x, part.edge_type, part.y, part.train_mask))
 
@@ -286,8 +290,8 @@ class Homogeneous:
         else:
             x, edge_type, y, mask = self.ours
             model = pyg_sar.nn.to_distributed(model).to(self.device)
-            inputs = (x, self.graph) + ((edge_type, ) if name == 'RGCN'
-                                        else ())
+            graph = pyg_sar.DistGraph(self.part, device=self.device)
+            inputs = (x, graph) + ((edge_type, ) if name == 'RGCN' else ())
         return train_epochs(model, inputs, y.long(), mask.bool(), epochs,
                             Meter(self.device), amp, max_s)
 
