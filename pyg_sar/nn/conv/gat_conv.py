@@ -153,7 +153,7 @@ class GATConv(DistMessagePassing):
             edge_attr = edge_attr.view(-1, 1)
         edge_attr = self.lin_edge(edge_attr).view(-1, self.heads,
                                                   self.out_channels)
-        return (edge_attr * self.att_edge).sum(dim=-1)
+        return head_scores(edge_attr, self.att_edge)[0]
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '
