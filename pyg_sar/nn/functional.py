@@ -21,11 +21,22 @@ replay ``F.dropout``'s random numbers.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+def _autocast_off(device_type: str):
+    """A context with autocast off for ``device_type`` (nothing to turn off
+    where autocast does not know the device, e.g. ``meta``)."""
+    try:
+        return torch.autocast(device_type, enabled=False)
+    except RuntimeError:
+        return contextlib.nullcontext()
+
 
 def head_scores(h: Tensor, *atts: Tensor) -> List[Tensor]:
     """``[(h * att).sum(-1) for att in atts]`` for ``h`` of shape ``[N, H,
@@ -40,7 +51,7 @@ def head_scores(h: Tensor, *atts: Tensor) -> List[Tensor]:
     dtype = h.dtype
     for att in atts:
         dtype = torch.promote_types(dtype, att.dtype)
-    with torch.autocast(h.device.type, enabled=False):
+    with _autocast_off(h.device.type):
         eye = torch.eye(heads, dtype=dtype, device=h.device)
         blocks = [(att.to(dtype).reshape(heads, channels, 1) *
                    eye.view(heads, 1, heads)).reshape(heads * channels, heads)

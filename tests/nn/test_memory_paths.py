@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import pyg_sar
-from pyg_sar.nn.functional import relu_dropout
+from pyg_sar.nn.functional import head_scores, relu_dropout
 
 from _dist import run_workers
 from _exact import FLOAT32, Tol, mismatches, report
@@ -49,6 +49,46 @@ def test_relu_dropout_without_grad_or_training():
     torch.manual_seed(1)
     b = relu_dropout(x.clone().requires_grad_(), 0.5)
     assert torch.equal(a, b.detach())
+
+
+@pytest.mark.parametrize('heads,channels', [(4, 32), (1, 7), (3, 1)])
+def test_head_scores_equal_the_idiom_and_its_gradients(heads, channels):
+    gen = torch.Generator().manual_seed(0)
+    dt = torch.float64
+    h = torch.randn(50, heads, channels, generator=gen, dtype=dt,
+                    requires_grad=True)
+    atts = [torch.randn(1, heads, channels, generator=gen, dtype=dt,
+                        requires_grad=True) for _ in range(2)]
+    grads = [torch.randn(50, heads, generator=gen, dtype=dt)
+             for _ in range(2)]
+    leaves = [h, *atts]
+    ours = head_scores(h, *atts)
+    expected = [(h * att).sum(-1) for att in atts]
+    for a, b in zip(ours, expected):
+        assert a.shape == b.shape and a.is_contiguous()
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    g_ours = torch.autograd.grad(ours, leaves, grads)
+    g_expected = torch.autograd.grad(expected, leaves, grads)
+    for a, b in zip(g_ours, g_expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # One vector, no gradient wanted for it; an empty table.
+    only, = head_scores(h, atts[0].detach())
+    torch.testing.assert_close(only, expected[0], rtol=1e-12, atol=1e-12)
+    assert head_scores(h[:0], atts[0])[0].shape == (0, heads)
+
+
+def test_head_scores_keep_the_idioms_dtype_under_autocast():
+    """Under CPU autocast the projection is bfloat16 and the idiom's product
+    with the float32 vector promotes to float32: so do the scores."""
+    att = torch.randn(1, 2, 3, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        h = F.linear(torch.randn(5, 4), torch.randn(6, 4)).view(5, 2, 3)
+        ours, = head_scores(h, att)
+        expected = (h * att).sum(-1)
+    assert h.dtype == torch.bfloat16 and ours.dtype == expected.dtype
+    torch.testing.assert_close(ours, expected)
+    ours.sum().backward()
+    assert att.grad is not None and att.grad.dtype == torch.float32
 
 
 class _Linear(pyg_sar.nn.DistMessagePassing):
