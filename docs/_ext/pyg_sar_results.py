@@ -77,7 +77,7 @@ def _attention(result: dict) -> List[str]:
         unfused = r.get('sar_unfused', {})
         missing = _outcome(r) or _outcome(pyg) or _outcome(sar)
         if missing and 'epoch_ratio' not in r:
-            rows.append([r.get('layer', '?'), missing] + [''] * 7)
+            rows.append([r.get('layer', '?'), missing] + [''] * 8)
             continue
         fused = any(' True ' in p for p in r.get('paths', []))
         rows.append([r['layer'], 'fused kernels' if fused else
@@ -85,11 +85,13 @@ def _attention(result: dict) -> List[str]:
                      _num(sar.get('epoch_s')), _num(r.get('epoch_ratio'), 2),
                      _outcome(unfused) or _num(unfused.get('epoch_s')),
                      _num(pyg.get('peak_mib')), _num(sar.get('peak_mib')),
-                     _num(r.get('memory_ratio'), 2)])
+                     _num(r.get('memory_ratio'), 2),
+                     _outcome(unfused) or _num(unfused.get('peak_mib'))])
     return _table(['layer', 'pyg_sar path', 'stock epoch (s)',
                    'pyg_sar epoch (s)', 'ratio',
                    'pyg_sar, PYG_SAR_FUSED=0 (s)', 'stock peak (MiB)',
-                   'pyg_sar peak (MiB)', 'ratio'], rows)
+                   'pyg_sar peak (MiB)', 'ratio',
+                   'pyg_sar, PYG_SAR_FUSED=0 peak (MiB)'], rows)
 
 
 def _budget(result: dict) -> List[str]:
