@@ -28,7 +28,11 @@ edge plus 16 bytes per node, and whether the peak is within it:
   (:func:`pyg_sar.partition.partition_graph_parallel`);
 - ``ondisk-random`` (not run by default): the on-disk path with a random
   assignment: the streamed writer's own time and memory, whatever the
-  partitioner needs.
+  partitioner needs;
+- ``ondisk-assign`` (not run by default): the on-disk path's assignment
+  alone (:func:`~pyg_sar.partition.assign.parts.assign_parts` on the graph
+  directory: symmetrization, KaMinPar, repair, training-node balance), for
+  sizes whose shards do not fit the disk.
 
 ``--kill-after PHASE`` (path ``ondisk``) first runs the partition until
 PHASE is recorded and kills it (SIGKILL), then measures the run that
@@ -62,7 +66,7 @@ import tempfile
 import time
 
 PATHS = ('memory-metis', 'memory-kaminpar', 'ondisk', 'parallel2',
-         'ondisk-random')
+         'ondisk-random', 'ondisk-assign')
 DEFAULT_PATHS = PATHS[:4]
 BUDGET_GIB = 24
 
@@ -98,15 +102,15 @@ def generate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if args.streamed_generator == 'dcsbm':
         from pyg_sar.datasets.synthetic_ondisk import write_synthetic_dcsbm
-        write_synthetic_dcsbm(args.graph_dir, args.num_nodes, 20, 16, 16,
-                              seed=0)
+        write_synthetic_dcsbm(args.graph_dir, args.num_nodes,
+                              args.avg_degree, 16, 16, seed=0)
     elif args.streamed_generator:
-        write_synthetic_graph(args.graph_dir, args.num_nodes, 20, 16, 16,
-                              seed=0)
+        write_synthetic_graph(args.graph_dir, args.num_nodes,
+                              args.avg_degree, 16, 16, seed=0)
     else:
         from pyg_sar.datasets import synthetic_graph
-        save_graph(synthetic_graph(args.num_nodes, 20, 16, 16, seed=0),
-                   args.graph_dir)
+        save_graph(synthetic_graph(args.num_nodes, args.avg_degree, 16, 16,
+                                   seed=0), args.graph_dir)
     print(json.dumps({'generate_s': round(time.perf_counter() - start, 2),
                       'peak_bytes': _peak_bytes()}))
 
@@ -124,6 +128,40 @@ def _load_data(graph_dir: str):
     for key, value in {**graph.node_attrs, **graph.edge_attrs}.items():
         data[key] = torch.from_numpy(np.array(value))
     return data
+
+
+def _assign_only(args: argparse.Namespace) -> dict:
+    r"""The on-disk path's assignment alone, each stage's start logged to
+    stderr (and to ``--log``); the row's statistics."""
+    from pyg_sar.partition.assign.parts import assign_parts
+    from pyg_sar.partition.input.ondisk import GraphOnDisk
+    from pyg_sar.partition.write.homogeneous import _train_mask
+    source = GraphOnDisk(args.graph_dir).source()
+    start = time.perf_counter()
+
+    def log(stage: str) -> None:
+        print(f'{time.perf_counter() - start:9.1f} s  {stage}  (RSS '
+              f'{_rss_bytes() / 2**30:.2f} GiB)', file=sys.stderr,
+              flush=True)
+
+    part, stats = assign_parts(source.edges, args.num_parts, args.method,
+                               train_mask=_train_mask(source),
+                               tmp_dir=args.work_dir, progress_callback=log)
+    log('input edges cut')
+    # The cut over the input's directed edges, as the writer's manifest
+    # states it: one more pass over the edges.
+    cut_start, cut = time.perf_counter(), 0
+    for _, src, dst in source.edges.chunks(1 << 24):
+        cut += int((part[src] != part[dst]).sum())
+        del src, dst
+    stats['timings']['input_cut'] = round(time.perf_counter() - cut_start, 3)
+    log('done')
+    undirected = stats['num_undirected_edges'] or 1
+    return {'stage_s': stats['timings'], 'num_edges': source.num_edges,
+            'edge_cut': round(cut / max(source.num_edges, 1), 6),
+            'symmetrized_edge_cut': round(stats['edge_cut'] / undirected, 6),
+            'node_balance': round(stats['node_balance'], 4),
+            'train_swaps': stats['num_swapped']}
 
 
 def run_path(args: argparse.Namespace) -> None:
@@ -149,13 +187,15 @@ def run_path(args: argparse.Namespace) -> None:
         workdir.after_phase = lambda name: os.kill(
             os.getpid(), signal.SIGKILL) if name == args.die_after else None
     start = time.perf_counter()
-    manifest = None
+    manifest, assigned = None, None
     if args.path.startswith('memory-'):
         from pyg_sar.partition import partition_graph
         data = _load_data(args.graph_dir)
         start = time.perf_counter()  # the load is not the partitioner's
         manifest = partition_graph(data, args.num_parts, out_dir,
                                    method=args.method, progress=False)
+    elif args.path == 'ondisk-assign':
+        assigned = _assign_only(args)
     elif args.path in ('ondisk', 'ondisk-random'):
         from pyg_sar.partition import partition_graph
         manifest = partition_graph(args.graph_dir, args.num_parts, out_dir,
@@ -183,6 +223,8 @@ def run_path(args: argparse.Namespace) -> None:
     before = getattr(kaminpar, 'last_caller_peak_bytes', None)
     if child and before:
         row['caller_peak_before_child_bytes'] = before
+    if assigned is not None:
+        row.update(assigned)
     if manifest is not None:
         row.update(stage_s=manifest['time_s'], num_edges=manifest['num_edges'],
                    edge_cut=manifest['edge_cut']['fraction'],
@@ -199,10 +241,16 @@ def run_path(args: argparse.Namespace) -> None:
         print(json.dumps(row))
 
 
-def _child(command, timeout):
-    done = subprocess.run(command, capture_output=True, text=True,
-                          timeout=timeout)
+def _child(command, timeout, live=False):
+    r"""Runs a child; its last stdout line is its JSON row. :obj:`live`:
+    its stderr (progress) goes straight to this process's."""
+    done = subprocess.run(command, stdout=subprocess.PIPE,
+                          stderr=None if live else subprocess.PIPE,
+                          text=True, timeout=timeout)
     if done.returncode != 0:
+        if live:
+            return {'error': f'exit code {done.returncode} (its stderr '
+                    f'above)'}
         tail = done.stderr.strip().splitlines()[-3:]
         return {'error': ' | '.join(tail)}
     lines = done.stdout.strip().splitlines()
@@ -238,7 +286,8 @@ def measure(args, path: str, num_nodes: int, graph_dir: str) -> dict:
             killed = {'killed_after': args.kill_after,
                       'killed_run_s': round(time.perf_counter() - start, 2),
                       'killed_returncode': done.returncode}
-        return dict(_child([sys.executable, script] + common, args.timeout),
+        return dict(_child([sys.executable, script] + common, args.timeout,
+                           live=path == 'ondisk-assign'),
                     method=method, **killed)
     rank_file = osp.join(args.work_dir, f'rank_RANK_{num_nodes}.json')
     done = _child([sys.executable, '-m', 'torch.distributed.run',
@@ -317,6 +366,9 @@ def main() -> None:
                         choices=PATHS,
                         help='(default: %(default)s)')
     parser.add_argument('--num-parts', type=int, default=4)
+    parser.add_argument('--avg-degree', type=int, default=20,
+                        help='directed edges per node of the generated '
+                        'graphs (even; default: %(default)s)')
     parser.add_argument('--ondisk-method', default=None,
                         help='assignment of the on-disk paths (default: '
                         'kaminpar when available, else metis)')
@@ -379,7 +431,8 @@ def main() -> None:
             if not osp.exists(osp.join(graph_dir, 'graph.json')):
                 done = _child([sys.executable, script, '--generate',
                                '--num-nodes', str(num_nodes), '--graph-dir',
-                               graph_dir] + (
+                               graph_dir, '--avg-degree',
+                               str(args.avg_degree)] + (
                                    ['--streamed-generator',
                                     args.streamed_generator]
                                    if args.streamed_generator else []),
