@@ -21,10 +21,6 @@ def _check_file(path: str) -> None:
     edge_bytes = 4 if version & 4 else 8
     node_bytes = 4 if version & 8 else 8
     expected = 24 + (n + 1) * edge_bytes + m * node_bytes
-    if not version & 2:  # node weights
-        expected += n * (4 if version & 16 else 8)
-    if not version & 1:  # edge weights
-        expected += m * (4 if version & 32 else 8)
     size = os.path.getsize(path)
     if size != expected:
         raise SystemExit(f"ParHIP file '{path}' is {size} bytes; its header "
