@@ -146,8 +146,7 @@ def _assign_only(args: argparse.Namespace) -> dict:
 
     part, stats = assign_parts(source.edges, args.num_parts, args.method,
                                train_mask=_train_mask(source),
-                               tmp_dir=args.work_dir, progress_callback=log,
-                               sample=args.sample)
+                               tmp_dir=args.work_dir, progress_callback=log)
     log('input edges cut')
     # The cut over the input's directed edges, as the writer's manifest
     # states it: one more pass over the edges.
@@ -162,8 +161,7 @@ def _assign_only(args: argparse.Namespace) -> dict:
             'edge_cut': round(cut / max(source.num_edges, 1), 6),
             'symmetrized_edge_cut': round(stats['edge_cut'] / undirected, 6),
             'node_balance': round(stats['node_balance'], 4),
-            'train_swaps': stats['num_swapped'],
-            'sample_rate': stats.get('sample_rate')}
+            'train_swaps': stats['num_swapped']}
 
 
 def run_path(args: argparse.Namespace) -> None:
@@ -276,8 +274,6 @@ def measure(args, path: str, num_nodes: int, graph_dir: str) -> dict:
     if args.symmetrize_bytes_per_edge is not None:
         common += ['--symmetrize-bytes-per-edge',
                    str(args.symmetrize_bytes_per_edge)]
-    if args.sample is not None:
-        common += ['--sample', str(args.sample)]
     if path != 'parallel2':
         killed = {}
         if args.kill_after and path == 'ondisk':
@@ -394,9 +390,6 @@ def main() -> None:
                         help='memory budget of the out-of-core '
                         'symmetrization per input edge (default: the '
                         "library's)")
-    parser.add_argument('--sample', type=float, default=None,
-                        help="path 'ondisk-assign': the share of the edges "
-                        "KaMinPar sees (default: the library's rule)")
     parser.add_argument('--kill-after', default=None,
                         choices=('check', 'symmetrize', 'kaminpar',
                                  'assign'),

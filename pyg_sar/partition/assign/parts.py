@@ -5,7 +5,6 @@ part, the node counts capped and the training nodes balanced
 runs METIS and the random split on its own in-memory structure
 (:mod:`~pyg_sar.partition.assign.in_memory`)."""
 import contextlib
-import os
 import os.path as osp
 import tempfile
 import time
@@ -18,12 +17,10 @@ from torch import Tensor
 from pyg_sar.partition.assign.kaminpar import (KAMINPAR_TIMEOUT,
                                                check_threads,
                                                require_kaminpar, run_kaminpar)
-from pyg_sar.partition.assign.refine import refine_cut
 from pyg_sar.partition.assign.repair import (TRAIN_BALANCE_TOLERANCE,
                                              balance_training_nodes,
                                              cap_part_sizes, fill_empty_parts,
                                              max_part_size, node_balance)
-from pyg_sar.partition.assign.sample import sample_rate, write_sampled_parhip
 from pyg_sar.partition.assign.symmetric import (CsrView, as_idx_arrays,
                                                 symmetric_csr)
 from pyg_sar.partition.assign.symmetric_file import write_symmetric_parhip
@@ -37,7 +34,6 @@ MAX_CHUNK_EDGES = 1 << 21
 # (:class:`~pyg_sar.partition.workdir.WorkDir`).
 PARHIP_FILE = 'graph.parhip'
 KAMINPAR_FILE = 'kaminpar.part'
-SAMPLE_FILE = 'sample.parhip'
 ASSIGNMENT_FILE = 'assignment.bin'
 
 
@@ -94,7 +90,6 @@ def assign_parts(
     timeout: float = KAMINPAR_TIMEOUT,
     work: Optional[WorkDir] = None,
     symmetrize_budget: Optional[int] = None,
-    sample: Optional[float] = None,
 ) -> Tuple[Tensor, Dict[str, Any]]:
     r"""Assigns every node of :obj:`source` to one of :obj:`num_parts`
     parts, with the symmetrized graph built once with little memory
@@ -158,13 +153,6 @@ def assign_parts(
             of the out-of-core symmetrization for KaMinPar
             (:func:`~pyg_sar.partition.assign.symmetric_file.write_symmetric_parhip`).
             (default: 2 bytes per input edge, at least 256 MiB)
-        sample (float, optional): The share of the undirected edges
-            KaMinPar sees (:mod:`~pyg_sar.partition.assign.sample`: a
-            seeded, symmetric sample, then the cut refined on every edge by
-            :func:`~pyg_sar.partition.assign.refine.refine_cut`).
-            (default: :func:`~pyg_sar.partition.assign.sample.sample_rate`,
-            1 unless KaMinPar's worst case would exceed its share of the
-            memory budget)
     """
     if method not in ('metis', 'kaminpar', 'random'):
         raise ValueError(f"Unknown partition method '{method}'; expected one "
@@ -232,25 +220,11 @@ def assign_parts(
                 source, work, folder, symmetrize_budget, chunk_edges, stage,
                 done)
             stats['num_undirected_edges'] = entries // 2
-            rate = sample_rate(entries, source.num_edges) \
-                if sample is None else float(sample)
-            if not 0 < rate <= 1:
-                raise ValueError(f"'sample' must lie in (0, 1] (got "
-                                 f"{sample})")
-            stats['sample_rate'] = rate
             if entries:
                 part, depends = _kaminpar(
                     path, num_nodes, num_parts, seed, threads,
-                    kaminpar_context, timeout, work, depends, stage, done,
-                    rate, chunk_edges)
+                    kaminpar_context, timeout, work, depends, stage, done)
             view = CsrView.from_parhip(path, chunk_edges)
-            if entries and rate < 1:
-                start = stage('refine')
-                stats['num_refined'] = refine_cut(
-                    view, part, num_parts, max_part_size(num_nodes,
-                                                         num_parts),
-                    seed=seed)
-                done('refine', start)
         if stats['num_undirected_edges'] == 0:
             # Nothing to cut: any balanced assignment is optimal.
             part = random_parts(num_nodes, num_parts, generator, train_mask)
@@ -305,34 +279,21 @@ def _symmetrize(source: EdgeSource, work: Optional[WorkDir], folder: str,
 def _kaminpar(path: str, num_nodes: int, num_parts: int, seed: int,
               threads: Optional[int], context: str, timeout: float,
               work: Optional[WorkDir], depends: Optional[str],
-              stage: Callable, done: Callable, rate: float = 1.0,
-              chunk_edges: int = MAX_CHUNK_EDGES
+              stage: Callable, done: Callable
               ) -> Tuple[Tensor, Optional[str]]:
-    r"""KaMinPar's parts of the ParHIP file :obj:`path`, or of a sample of
-    :obj:`rate` of its edges (read back from the work directory when they
-    verify), and their digest."""
+    r"""KaMinPar's parts of the ParHIP file :obj:`path` (read back from the
+    work directory when they verify) and their digest."""
     if work is not None:
         record = work.verified('kaminpar', depends)
         if record is not None:
             part = read_ints(work.path(KAMINPAR_FILE), np.int32, num_nodes,
                              num_parts)
             return torch.from_numpy(part).long(), record['digest']
-    sampled = None
-    if rate < 1:
-        start = stage('sample')
-        sampled = osp.join(osp.dirname(path), SAMPLE_FILE)
-        write_sampled_parhip(CsrView.from_parhip(path, chunk_edges),
-                             sampled, rate, seed)
-        done('sample', start)
     start = stage('KaMinPar')
-    try:
-        part = run_kaminpar(sampled or path, num_nodes, num_parts, seed,
-                            max_part_size(num_nodes, num_parts),
-                            threads=1 if threads is None else threads,
-                            context=context, timeout=timeout)
-    finally:
-        if sampled is not None and osp.exists(sampled):
-            os.remove(sampled)
+    part = run_kaminpar(path, num_nodes, num_parts, seed,
+                        max_part_size(num_nodes, num_parts),
+                        threads=1 if threads is None else threads,
+                        context=context, timeout=timeout)
     done('kaminpar', start)
     if work is None:
         return part, None
