@@ -132,7 +132,7 @@ def _load_data(graph_dir: str):
 
 def _assign_only(args: argparse.Namespace) -> dict:
     r"""The on-disk path's assignment alone, each stage's start logged to
-    stderr (and to ``--log``); the row's statistics."""
+    stderr; the row's statistics."""
     from pyg_sar.partition.assign.parts import assign_parts
     from pyg_sar.partition.input.ondisk import GraphOnDisk
     from pyg_sar.partition.write.homogeneous import _train_mask
