@@ -235,14 +235,12 @@ def assign_parts(
             if method == 'kaminpar':
                 stats['num_moved'] += cap_part_sizes(
                     part, count, num_parts,
-                    max_part_size(num_nodes, num_parts),
-                    gain=view.neighbor_gain)
+                    max_part_size(num_nodes, num_parts))
             done('repair', start)
             if train_mask is not None and int(train_mask.sum()) > 0:
                 start = stage('balance training nodes')
                 stats['num_swapped'] = balance_training_nodes(
-                    part, count, train_mask, num_parts,
-                    gain=view.neighbor_gain)
+                    part, count, train_mask, num_parts)
                 done('balance_train', start)
         stats['edge_cut'] = view.edge_cut(part)
         stats['node_balance'] = node_balance(part, num_parts)

@@ -26,18 +26,6 @@ TRAIN_BALANCE_TOLERANCE = 0.05
 NODE_BALANCE = 1.01
 
 NeighborCount = Callable[[Tensor, int], Tensor]
-# gain(part, receiver, donor): per node, its neighbors in receiver minus
-# its neighbors in donor (a source that can count both in one pass offers
-# it; else two counts).
-NeighborGain = Callable[[Tensor, int, int], Tensor]
-
-
-def _gain_of(count: NeighborCount,
-             gain: Optional[NeighborGain]) -> NeighborGain:
-    if gain is not None:
-        return gain
-    return lambda part, receiver, donor: (count(part, receiver) -
-                                          count(part, donor))
 
 
 def max_part_size(num_nodes: int, num_parts: int,
@@ -71,11 +59,10 @@ def fill_empty_parts(part: Tensor, count: NeighborCount,
 
 
 def cap_part_sizes(part: Tensor, count: NeighborCount, num_parts: int,
-                   max_size: int, gain: Optional[NeighborGain] = None) -> int:
+                   max_size: int) -> int:
     r"""Moves nodes out of every part larger than :obj:`max_size` into the
     smallest parts, best cut change first, until no part exceeds it.
     Returns the number of moved nodes."""
-    gain_of = _gain_of(count, gain)
     num_moved = 0
     for _ in range(2 * num_parts * num_parts):
         sizes = torch.bincount(part, minlength=num_parts)
@@ -86,9 +73,9 @@ def cap_part_sizes(part: Tensor, count: NeighborCount, num_parts: int,
                      max_size - int(sizes[receiver]))
         if amount <= 0:
             break
-        change = gain_of(part, receiver, donor)
+        gain = count(part, receiver) - count(part, donor)
         out_nodes = (part == donor).nonzero().view(-1)
-        out_nodes = out_nodes[torch.topk(change[out_nodes], amount).indices]
+        out_nodes = out_nodes[torch.topk(gain[out_nodes], amount).indices]
         part[out_nodes] = receiver
         num_moved += amount
     return num_moved
@@ -96,8 +83,7 @@ def cap_part_sizes(part: Tensor, count: NeighborCount, num_parts: int,
 
 def balance_training_nodes(part: Tensor, count: NeighborCount,
                            train_mask: Tensor, num_parts: int,
-                           pool: Optional[Tensor] = None,
-                           gain: Optional[NeighborGain] = None) -> int:
+                           pool: Optional[Tensor] = None) -> int:
     r"""Moves training nodes from parts with too many to parts with too few,
     swapping the same number of non-training nodes back so that node counts
     stay unchanged, until every part holds the mean within
@@ -105,9 +91,7 @@ def balance_training_nodes(part: Tensor, count: NeighborCount,
 
     :obj:`pool` (a node mask) restricts the non-training nodes swapped back,
     e.g. to the node type of the training nodes, so that per-type node
-    counts stay unchanged too. :obj:`gain`, where the source offers it,
-    computes a move's cut change in one pass instead of two counts."""
-    gain_of = _gain_of(count, gain)
+    counts stay unchanged too."""
     target = float(train_mask.sum()) / num_parts
     upper = math.floor(target * (1 + TRAIN_BALANCE_TOLERANCE) + 1)
     lower = math.ceil(target * (1 - TRAIN_BALANCE_TOLERANCE) - 1)
@@ -120,7 +104,7 @@ def balance_training_nodes(part: Tensor, count: NeighborCount,
         amount = int(min(counts[donor] - target, target - counts[receiver]))
         amount = max(amount, 1)
 
-        change = gain_of(part, receiver, donor)
+        gain = count(part, receiver) - count(part, donor)
 
         out_nodes = ((part == donor) & train_mask).nonzero().view(-1)
         back = (part == receiver) & ~train_mask
@@ -130,9 +114,8 @@ def balance_training_nodes(part: Tensor, count: NeighborCount,
         amount = min(amount, out_nodes.numel(), back_nodes.numel())
         if amount == 0:
             break
-        out_nodes = out_nodes[torch.topk(change[out_nodes], amount).indices]
-        back_nodes = back_nodes[torch.topk(-change[back_nodes],
-                                           amount).indices]
+        out_nodes = out_nodes[torch.topk(gain[out_nodes], amount).indices]
+        back_nodes = back_nodes[torch.topk(-gain[back_nodes], amount).indices]
         part[out_nodes] = receiver
         part[back_nodes] = donor
         num_swapped += amount

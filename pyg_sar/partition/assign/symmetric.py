@@ -93,22 +93,6 @@ class CsrView:
             out[r0:r1] = hits[ptr[1:]] - hits[ptr[:-1]]
         return out
 
-    def neighbor_gain(self, part: Tensor, receiver: int,
-                      donor: int) -> Tensor:
-        r"""Per node: its neighbors in part :obj:`receiver` minus its
-        neighbors in part :obj:`donor` (the cut change of moving it from
-        :obj:`donor` to :obj:`receiver`), in one pass."""
-        out = torch.zeros(self.num_nodes, dtype=torch.long)
-        for r0, r1, col in self.chunks():
-            of = part[col]
-            sums = torch.zeros(col.numel() + 1, dtype=torch.long)
-            torch.cumsum((of == receiver).long() - (of == donor).long(),
-                         dim=0, out=sums[1:])
-            del of
-            ptr = self.rowptr[r0:r1 + 1] - self.rowptr[r0]
-            out[r0:r1] = sums[ptr[1:]] - sums[ptr[:-1]]
-        return out
-
     def edge_cut(self, part: Tensor) -> int:
         r"""The number of undirected edges between different parts."""
         cut = 0
